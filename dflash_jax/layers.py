@@ -1,0 +1,119 @@
+"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU, attention.
+
+All parameters are created with logical axis names (see ``sharding.py``); all
+matmuls run in the module's compute ``dtype`` with float32 master weights cast
+at use. Conventions follow Hugging Face Llama/Qwen exactly (``rotate_half``
+RoPE, RMSNorm in float32 cast back before the weight multiply).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Array = jax.Array
+
+# Additive value for masked attention logits (finite, so fully-masked rows stay NaN-free).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def param(module: nn.Module, name: str, shape: Sequence[int], axes: Sequence[str | None], init=None):
+    """Declare a float32 parameter carrying logical axis names ``axes``."""
+    init = init or nn.initializers.normal(0.02)
+    return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), jnp.float32)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis: float32 statistics, cast back, then ``* weight``.
+
+    Matches ``LlamaRMSNorm`` / ``Qwen3RMSNorm`` in transformers.
+    """
+
+    eps: float
+    axis_name: str = "norm"
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), nn.initializers.ones)
+        dtype = x.dtype
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(dtype) * x32.astype(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """Inverse RoPE frequencies, float32 ``[head_dim // 2]``.
+
+    ``scaling`` is ``None`` (plain RoPE) or a Llama-3 dict with ``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``
+    (the ``llama3`` rope type of transformers' ``modeling_rope_utils``).
+    """
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    inv = inv.astype(np.float32)
+    if scaling is None:
+        return inv
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
+    """Rotate ``x`` ``[B, T, N, D]`` by absolute ``positions`` ``[B, T]`` (HF ``rotate_half``)."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``, the Llama/Qwen MLP (no biases)."""
+
+    hidden_size: int
+    intermediate_size: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        d, f = self.hidden_size, self.intermediate_size
+        gate = param(self, "gate_proj", (d, f), ("embed", "mlp")).astype(self.dtype)
+        up = param(self, "up_proj", (d, f), ("embed", "mlp")).astype(self.dtype)
+        down = param(self, "down_proj", (f, d), ("mlp", "embed")).astype(self.dtype)
+        h = nn.silu(x @ gate) * (x @ up)
+        h = nn.with_logical_constraint(h, ("batch", "length", "act_mlp"))
+        return h @ down
+
+
+def attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """Grouped-query softmax attention.
+
+    Args:
+      q: ``[B, T, H, D]`` queries (already scaled by nothing; ``1/sqrt(D)`` applied here).
+      k, v: ``[B, S, KV, D]`` keys and values, ``H % KV == 0``.
+      mask: bool, broadcastable to ``[B, T, S]``; True where the query may see the key.
+
+    Returns:
+      ``[B, T, H, D]`` in ``q.dtype``; logits and softmax in float32.
+    """
+    b, t, h, d = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, h // kv, d)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    logits = logits * (1.0 / math.sqrt(d))
+    logits = jnp.where(mask[:, None, None, :, :], logits, MASK_VALUE)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)

@@ -1,0 +1,88 @@
+"""The one table that maps logical axis names to mesh axes.
+
+Every parameter and every activation that matters is annotated with *logical*
+axis names (``"embed"``, ``"heads"``, ...). This module is the only place that
+names the physical mesh axes ``data``, ``fsdp`` and ``tensor``; everything else
+in the code base speaks logical names and asks this module for shardings.
+
+The rules follow the usual FSDP + tensor-parallel layout (as in MaxText):
+the batch is split over ``data`` and ``fsdp``; weights are split over ``fsdp``
+along their embedding axis and over ``tensor`` along heads / MLP / vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    # activations
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("cache_length", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    # parameters
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("norm", None),
+    ("taps", None),
+)
+
+
+def make_mesh(shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Build a ``(data, fsdp, tensor)`` mesh.
+
+    Args:
+      shape: three ints, the size of each mesh axis; their product must equal the
+        number of devices used.
+      devices: devices to use (default: ``jax.devices()``, the first ``prod(shape)``).
+
+    Raises:
+      ValueError: if ``shape`` is not three positive ints or there are too few devices.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"mesh shape must be three positive ints (data, fsdp, tensor), got {shape}")
+    devices = list(jax.devices() if devices is None else devices)
+    need = int(np.prod(shape))
+    if need > len(devices):
+        raise ValueError(
+            f"mesh {shape} needs {need} devices but only {len(devices)} are visible; on CPU set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax"
+        )
+    return Mesh(np.asarray(devices[:need]).reshape(shape), MESH_AXES)
+
+
+def logical_to_sharding(logical_specs, mesh: Mesh):
+    """Map a pytree of logical ``PartitionSpec`` to ``NamedSharding`` on ``mesh``."""
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+
+
+def logical_spec(*axes: str | None) -> PartitionSpec:
+    """The mesh ``PartitionSpec`` for one array annotated with logical ``axes``."""
+    return nn.logical_to_mesh_axes(axes, LOGICAL_AXIS_RULES)
+
+
+def named_sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
+    """``NamedSharding`` on ``mesh`` for one array annotated with logical ``axes``."""
+    return NamedSharding(mesh, logical_spec(*axes))
+
+
+def axis_rules():
+    """Context manager that activates the table for ``nn.with_logical_constraint``."""
+    return nn.logical_axis_rules(LOGICAL_AXIS_RULES)
