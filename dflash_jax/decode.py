@@ -1,0 +1,271 @@
+"""The speculative decoding loop: prefill, then one jit-compiled ``lax.while_loop``.
+
+Each round of the loop (SPEC "Inference loop"), for every sequence of the batch at once:
+
+1. **draft**: the block ``[x_start, MASK x (B-1)]`` at positions ``start .. start+B-1``
+   goes through the drafter, whose argmax fills offsets ``1 .. B-1``;
+2. **verify**: the target runs the block causally on top of its KV cache;
+   ``posterior = argmax(logits)``;
+3. **accept**: ``a`` = longest prefix with ``draft[k] == posterior[k-1]``; the round
+   commits ``block[1..a]`` plus the bonus token ``posterior[a]``;
+4. **commit**: ``start += a + 1`` (cut at a stop token or the length limit); the
+   target features of the committed positions become drafter context.
+
+Block size 1 (no drafter) is plain greedy autoregressive decoding in the same loop.
+
+Static shapes throughout: a token buffer ``[B, S + block]`` indexed by absolute
+position, KV caches (target and drafter context) of length ``S`` whose slot is the
+absolute position, so "truncating the cache to the committed length" is free:
+slots past ``start`` are simply overwritten by the next block before anything
+reads them. Each sequence keeps its own ``start``, stops on its own, and records
+its own per-round acceptance lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dflash_jax.target import Target, TargetConfig, init_cache
+
+Array = jax.Array
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """Round ``n`` up to a power of two (at least ``minimum``): the shapes we compile for."""
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopShape:
+    """Static shapes of one compiled decoder (the compilation cache key)."""
+
+    batch: int  # padded batch size
+    prompt_len: int  # padded prompt length P
+    cache_len: int  # S: KV-cache length, >= longest prompt + max_new_tokens + block_size
+    block_size: int
+    max_rounds: int  # size of the per-round acceptance record
+
+
+class LoopState(NamedTuple):
+    tokens: Array  # [B, S + block] int32, by absolute position
+    start: Array  # [B] position of the pending anchor (last committed token, not yet in the target cache)
+    limit: Array  # [B] prompt_len + max_new_tokens: no token at positions >= limit
+    done: Array  # [B] bool
+    target_cache: Any
+    drafter_cache: Any
+    rounds: Array  # [B] rounds run so far
+    accepted: Array  # [B, max_rounds] tokens committed per round
+
+
+def _row_slice(x: Array, start: Array, size: int) -> Array:
+    """``x[b, start[b] : start[b] + size]`` for every row."""
+    return jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, size, axis=0))(x, start)
+
+
+def _row_write(x: Array, start: Array, values: Array) -> Array:
+    return jax.vmap(lambda r, s, v: jax.lax.dynamic_update_slice_in_dim(r, v, s, axis=0))(x, start, values)
+
+
+def _is_stop(tokens: Array, stop_ids: Array) -> Array:
+    return jnp.any(tokens[..., None] == stop_ids, axis=-1)
+
+
+def prefill(target_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array, *,
+            cfg: TargetConfig, shape: LoopShape, drafter=None) -> LoopState:
+    """Run the padded prompts through the target and pick the first new token.
+
+    Args:
+      prompts: int32 ``[B, P]``, right-padded; ``prompt_lens`` ``[B]`` (>= 1).
+      max_new: int32 ``[B]`` new-token budget per sequence (>= 1).
+      stop_ids: int32 ``[K]`` stop tokens (``K >= 1``; pad with -1).
+    """
+    b, p = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    taps = drafter.tap_layers if drafter is not None else ()
+    hidden, feats, cache = Target(cfg).apply(
+        {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps)
+    last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+    first = jnp.argmax(Target(cfg).apply({"params": target_params}, last, method="logits"), -1).astype(jnp.int32)
+    tokens = jnp.zeros((b, shape.cache_len + shape.block_size), jnp.int32)
+    tokens = tokens.at[:, :p].set(prompts)
+    tokens = _row_write(tokens, prompt_lens, first[:, None])
+    limit = prompt_lens + max_new
+    done = _is_stop(first, stop_ids) | (prompt_lens + 1 >= limit)
+    dcache = None
+    if drafter is not None:
+        dcache = drafter.write_context(drafter.init_cache(b, shape.cache_len), feats, jnp.zeros((b,), jnp.int32))
+    return LoopState(tokens, prompt_lens, limit, done, cache, dcache, jnp.zeros((b,), jnp.int32),
+                     jnp.zeros((b, shape.max_rounds), jnp.int32))
+
+
+def decode_loop(target_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig, shape: LoopShape,
+                drafter=None) -> LoopState:
+    """Speculative rounds until every sequence is done: one ``lax.while_loop``."""
+    bs = shape.block_size
+    model = Target(cfg)
+    offsets = jnp.arange(bs, dtype=jnp.int32)
+
+    def round_(s: LoopState) -> LoopState:
+        active = ~s.done
+        block = _row_slice(s.tokens, s.start, bs)  # anchor, then stale slots the draft overwrites
+        verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
+        dcache = s.drafter_cache
+        if drafter is not None:
+            draft = drafter.draft(dcache, block[:, 0], s.start, verify_size)  # [B, bs - 1]
+            block = block.at[:, 1:].set(draft)
+        positions = s.start[:, None] + offsets
+        hidden, feats, tcache = model.apply({"params": target_params}, block, positions, s.target_cache,
+                                            drafter.tap_layers if drafter is not None else ())
+        posterior = jnp.argmax(model.apply({"params": target_params}, hidden, method="logits"), -1).astype(jnp.int32)
+        match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] < verify_size[:, None])
+        a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
+        bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
+        new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
+        produced = jnp.minimum(a + 1, s.limit - s.start - 1)
+        stops = _is_stop(new, stop_ids) & (offsets < produced[:, None])
+        first_stop = jnp.argmax(stops, axis=1)
+        hit = jnp.any(stops, axis=1)
+        produced = jnp.where(hit, first_stop + 1, produced)
+        produced = jnp.where(active, produced, 0)
+        tokens = _row_write(s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs)))
+        if drafter is not None:
+            dcache = drafter.write_context(dcache, feats, s.start)  # slots >= new start are masked later
+        start = s.start + produced
+        done = s.done | hit | (start + 1 >= s.limit)
+        accepted = jnp.where(active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]),
+                             produced[:, None], s.accepted)
+        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted)
+
+    def cond(s: LoopState):
+        return jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
+
+    return jax.lax.while_loop(cond, round_, state)
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """One sequence's output. ``token_ids`` are the new tokens only (stop token included)."""
+
+    token_ids: list[int]
+    acceptance_lengths: list[int]
+    prefill_s: float
+    decode_s: float
+    compile_s: float
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify round (the first token, from prefill, is not a round)."""
+        return float(np.mean(self.acceptance_lengths)) if self.acceptance_lengths else 0.0
+
+
+class Decoder:
+    """Compiles and runs the loop for a target (and optional drafter), caching executables by shape.
+
+    Prompt lengths and batch sizes are padded to powers of two (``bucket``) and the cache
+    length to a multiple of 256, so a new prompt reuses an executable compiled earlier.
+    """
+
+    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None):
+        self.params, self.cfg, self.drafter = target_params, cfg, drafter
+        self.block_size = 1 if drafter is None else int(block_size or drafter.block_size)
+        if drafter is None and self.block_size != 1:
+            raise ValueError("block_size > 1 needs a drafter")
+        if drafter is not None and not 2 <= self.block_size <= drafter.max_block_size:
+            raise ValueError(f"block size {self.block_size} not in [2, {drafter.max_block_size}] for this drafter")
+        self._compiled: dict[LoopShape, tuple] = {}
+
+    def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
+        p = bucket(max(prompt_lens))
+        need = p + max_new_tokens + self.block_size
+        cache_len = -(-need // 256) * 256
+        max_rounds = max_new_tokens  # every round commits at least one token
+        return LoopShape(bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds)
+
+    def compile(self, shape: LoopShape, num_stop: int):
+        """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent)."""
+        key = (shape, num_stop)
+        if key in self._compiled:
+            return (*self._compiled[key], 0.0)
+        t0 = time.perf_counter()
+        b, p = shape.batch, shape.prompt_len
+        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter))
+        pre_c = pre.lower(self.params, i32(b, p), i32(b), i32(b), i32(num_stop)).compile()
+        state_abstract = jax.eval_shape(pre, self.params, i32(b, p), i32(b), i32(b), i32(num_stop))
+        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter), donate_argnums=(1,))
+        loop_c = loop.lower(self.params, state_abstract, i32(num_stop)).compile()
+        self._compiled[key] = (pre_c, loop_c)
+        return pre_c, loop_c, time.perf_counter() - t0
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids: Sequence[int] = ()):
+        """Greedy (speculative) decoding of a batch of token-id prompts.
+
+        Args:
+          prompts: list of non-empty token-id lists.
+          max_new_tokens: new tokens per prompt, >= 1 (the stop token counts).
+          stop_token_ids: decoding of a sequence stops right after any of these.
+
+        Returns:
+          list of ``GenerationResult``, one per prompt, in order.
+
+        Raises:
+          ValueError: an empty prompt, ``max_new_tokens < 1``, a stop id outside the vocabulary,
+            or prompt + ``max_new_tokens`` beyond the target's ``max_position_embeddings``;
+            raised before anything is compiled.
+        """
+        prompts = [list(map(int, p)) for p in prompts]
+        if not prompts:
+            raise ValueError("no prompts given")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        vocab = self.cfg.vocab_size
+        bad = [t for t in stop_token_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab})")
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        longest = max(map(len, prompts))
+        if longest + max_new_tokens > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                f"context of {self.cfg.max_position_embeddings} positions; shorten one of them")
+        shape = self.shape_for([len(p) for p in prompts], max_new_tokens)
+        stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
+        pre, loop, compile_s = self.compile(shape, len(stops))
+
+        n = len(prompts)
+        tok = np.zeros((shape.batch, shape.prompt_len), np.int32)
+        lens = np.ones((shape.batch,), np.int32)
+        for i, p in enumerate(prompts):
+            tok[i, : len(p)], lens[i] = p, len(p)
+        budget = np.full((shape.batch,), max_new_tokens, np.int32)
+        budget[n:] = 1  # padding rows finish at once
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(pre(self.params, tok, lens, budget, stops))
+        t1 = time.perf_counter()
+        state = jax.block_until_ready(loop(self.params, state, stops))
+        t2 = time.perf_counter()
+        tokens, start, limit, rounds, accepted = jax.device_get(
+            (state.tokens, state.start, state.limit, state.rounds, state.accepted))
+        results = []
+        for i in range(n):
+            end = min(int(start[i]) + 1, int(limit[i]))
+            results.append(GenerationResult(
+                token_ids=tokens[i, lens[i]:end].tolist(),
+                acceptance_lengths=accepted[i, : rounds[i]].tolist(),
+                prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s))
+        return results
