@@ -1,0 +1,62 @@
+import os
+
+# Eight simulated CPU devices for the mesh tests; must be set before jax is imported.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dflash_jax.utils import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache()
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
+    from dflash_jax import checkpoint
+    from helpers import make_hf_model
+
+    llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    variants = {
+        "llama": dict(rope_scaling=llama3, attention_bias=True),
+        "qwen2": dict(),
+        "qwen3": dict(tie_word_embeddings=True),
+    }
+    out = {}
+    root = tmp_path_factory.mktemp("tiny")
+    for family, kw in variants.items():
+        model = make_hf_model(family, root / f"{family}-hf", **kw)
+        checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
+        out[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct: (TargetCheckpoint, tokenizer, HF torch model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_jax import checkpoint, hub
+
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    hf = AutoModelForCausalLM.from_pretrained(hub.smollm2_hf_dir(), dtype=torch.float32).eval()
+    return ck, ck.tokenizer(), hf
+
+
+def eval_prompts(n: int, dataset: str = "gsm8k") -> list[str]:
+    """First ``n`` real prompts of an evaluation set, in the reference benchmark's format."""
+    import json
+
+    rows = [json.loads(line) for line in open(SHARED / "data" / "eval" / f"{dataset}_test.jsonl")]
+    key = {"gsm8k": "question", "math500": "problem"}[dataset]
+    suffix = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+    return [r[key] + suffix for r in rows[:n]]

@@ -1,0 +1,140 @@
+"""Conversion HF/GGUF -> orbax, loading back with dtype and sharding, and the errors for bad input."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dflash_jax import checkpoint
+from dflash_jax.checkpoint import CheckpointError
+from dflash_jax.sharding import make_mesh
+from dflash_jax.target import ConfigError
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_roundtrip_identity_and_dtypes(tiny_models):
+    _, hf_dir, path = tiny_models["llama"]
+    ck = checkpoint.load_target(path)
+    meta = json.loads((path / "dflash_jax.json").read_text())
+    assert set(meta["identity"]) == {"config_sha256", "tokenizer_sha256", "source_sha256"}
+    assert meta["identity"]["config_sha256"] == checkpoint.config_hash(ck.cfg)
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(ck.params))
+    bf = checkpoint.load_target(path, dtype="bfloat16")
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(bf.params))
+    np.testing.assert_allclose(np.asarray(bf.params["embedding"], np.float32), np.asarray(ck.params["embedding"]),
+                               rtol=1e-2)
+
+
+def test_sharded_load(tiny_models):
+    _, _, path = tiny_models["qwen3"]
+    mesh = make_mesh((2, 2, 2))
+    ck = checkpoint.load_target(path, mesh=mesh)
+    q = ck.params["layers_0"]["attn"]["q_proj"]  # [embed, heads*head_dim] -> (fsdp, tensor)
+    assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+    assert len(q.addressable_shards) == 8
+    plain = checkpoint.load_target(path)
+    np.testing.assert_array_equal(np.asarray(q), np.asarray(plain.params["layers_0"]["attn"]["q_proj"]))
+
+
+def test_existing_output_is_refused(tiny_models, tmp_path):
+    _, hf_dir, path = tiny_models["qwen2"]
+    with pytest.raises(CheckpointError, match="already exists"):
+        checkpoint.convert_hf(hf_dir, path)
+
+
+def test_missing_tensor_named_and_nothing_written(tiny_models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    weights = load_file(bad / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob("out.partial-*"))
+
+
+def test_shape_mismatch_named(tiny_models, tmp_path):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"mlp\.(gate|up|down)_proj\.weight.*shape"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+
+
+def test_unsupported_architecture(tiny_models, tmp_path):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["use_sliding_window"] = True
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(CheckpointError, match="not a folder"):
+        checkpoint.convert_hf(tmp_path / "nope", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json"):
+        checkpoint.convert_hf(tmp_path / "empty", tmp_path / "out")
+
+
+def test_corrupt_safetensors(tiny_models, tmp_path):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    (bad / "model.safetensors").write_bytes(b"\x00" * 100)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+
+
+def test_partial_or_corrupt_checkpoint(tiny_models, tmp_path):
+    _, _, path = tiny_models["qwen2"]
+    broken = _copy(path, tmp_path / "ck")
+    shutil.rmtree(broken / "params")
+    with pytest.raises(CheckpointError, match="missing orbax checkpoint"):
+        checkpoint.load_target(broken)
+    broken2 = _copy(path, tmp_path / "ck2")
+    for f in (broken2 / "params").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="cannot restore"):
+        checkpoint.load_target(broken2)
+    with pytest.raises(CheckpointError, match="not a dflash-jax target checkpoint"):
+        checkpoint.load_target(tmp_path)
+
+
+def test_hf_folder_passed_as_checkpoint_explains(tiny_models):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    with pytest.raises(CheckpointError, match="dflash-jax convert --hf"):
+        checkpoint.load_target(hf_dir)
+
+
+def test_not_a_gguf(tmp_path):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        checkpoint.convert_gguf(f, tmp_path / "out")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_cli(tiny_models, tmp_path):
+    from dflash_jax.cli import main
+
+    _, hf_dir, _ = tiny_models["llama"]
+    main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "cli")])
+    assert (tmp_path / "cli" / "dflash_jax.json").exists()
+    assert checkpoint.load_target(tmp_path / "cli").cfg.family == "llama"

@@ -1,0 +1,91 @@
+"""The jit-compiled decoding loop (block size 1) equals transformers' greedy generate."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_jax import checkpoint
+from dflash_jax.decode import Decoder, bucket
+
+
+def _hf_greedy(model, prompt, n, eos=None):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_models):
+    hf, _, path = tiny_models["qwen3"]
+    ck = checkpoint.load_target(path)
+    return hf, Decoder(ck.params, ck.cfg)
+
+
+def test_batch_equals_transformers_and_single(qwen3):
+    hf, dec = qwen3
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (3, 30, 11, 17, 1)]
+    batch = dec.generate(prompts, 24)
+    for p, r in zip(prompts, batch):
+        assert r.token_ids == _hf_greedy(hf, p, 24)
+        assert r.acceptance_lengths == [1] * 23  # the first token comes from prefill
+        assert dec.generate([p], 24)[0].token_ids == r.token_ids
+
+
+def test_stop_tokens_stop_each_sequence_on_its_own(qwen3):
+    hf, dec = qwen3
+    rs = np.random.RandomState(1)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (6, 9, 4)]
+    free = [r.token_ids for r in dec.generate(prompts, 30)]
+    stop = free[0][5]  # a token the first sequence emits at step 6
+    stopped = dec.generate(prompts, 30, stop_token_ids=[stop])
+    for f, r in zip(free, stopped):
+        cut = f.index(stop) + 1 if stop in f else len(f)
+        assert r.token_ids == f[:cut]
+    assert stopped[0].token_ids[-1] == stop and len(stopped[0].token_ids) <= 6
+    assert stopped[0].token_ids == _hf_greedy(hf, prompts[0], 30, eos=stop)
+
+
+def test_first_token_stop_and_single_token_budget(qwen3):
+    _, dec = qwen3
+    p = [5, 6, 7]
+    first = dec.generate([p], 5)[0].token_ids[0]
+    assert dec.generate([p], 5, stop_token_ids=[first])[0].token_ids == [first]
+    one = dec.generate([p], 1)[0]
+    assert one.token_ids == [first] and one.acceptance_lengths == []
+
+
+def test_shapes_are_bucketed(qwen3):
+    _, dec = qwen3
+    assert bucket(1) == 16 and bucket(17) == 32 and bucket(3, 1) == 4
+    dec.generate([[4, 5, 6]], 8)
+    n = len(dec._compiled)
+    dec.generate([[7, 8, 9, 10, 11]], 8)  # same bucket: no new executable
+    assert len(dec._compiled) == n
+
+
+@pytest.mark.parametrize("prompts, n, stops, message", [
+    ([[]], 4, [], "empty prompt"),
+    ([[1, 2]], 0, [], "max_new_tokens"),
+    ([[1, 2]], 4, [1000], "outside the vocabulary"),
+    ([[1, 2]], 10_000, [], "exceeds the target's context"),
+])
+def test_bad_input_fails_before_compiling(qwen3, prompts, n, stops, message):
+    _, dec = qwen3
+    before = len(dec._compiled)
+    with pytest.raises(ValueError, match=message):
+        dec.generate(prompts, n, stops)
+    assert len(dec._compiled) == before
+
+
+def test_generate_cli_json(tiny_models, capsys):
+    from dflash_jax.cli import main
+
+    _, _, path = tiny_models["qwen3"]
+    main(["generate", "--target", str(path), "--prompt", "t10 t11 t12", "--max-new-tokens", "6", "--json"])
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "num_output_tokens", "decode_tokens_per_s", "prefill_s", "compile_s"):
+        assert key in record
+    assert record["num_output_tokens"] == len(record["token_ids"]) == 6

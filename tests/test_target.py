@@ -1,0 +1,106 @@
+"""The Flax target equals Hugging Face transformers, with and without a KV cache, with padding."""
+
+import numpy as np
+import pytest
+
+from dflash_jax import checkpoint
+from dflash_jax.target import ConfigError, Target, TargetConfig, init_cache
+from helpers import TINY, hf_logits
+
+# Measured on these tiny float32 models: max |logit difference| 9e-6 .. 2.1e-5 for logits of
+# magnitude ~6 (different summation order in torch and XLA); 1e-4 leaves a 5x margin.
+TINY_ATOL = 1e-4
+
+
+def _forward(ck, tokens, positions=None, cache=None, taps=()):
+    model = Target(ck.cfg)
+    if positions is None:
+        positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    hidden, feats, cache = model.apply({"params": ck.params}, tokens, positions, cache, taps)
+    return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_logits_equal_transformers(tiny_models, family):
+    hf, _, path = tiny_models[family]
+    ck = checkpoint.load_target(path)
+    tokens = np.random.RandomState(1).randint(0, TINY["vocab_size"], (3, 50))
+    ours, _, _ = _forward(ck, tokens)
+    ref = hf_logits(hf, tokens)
+    np.testing.assert_allclose(ours, ref, atol=TINY_ATOL, rtol=0)
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_taps_are_raw_layer_outputs(tiny_models):
+    import torch
+
+    hf, _, path = tiny_models["llama"]
+    ck = checkpoint.load_target(path)
+    tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (1, 20))
+    _, feats, _ = _forward(ck, tokens, taps=(0, 2))
+    with torch.no_grad():
+        hs = hf(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+    d = TINY["hidden_size"]
+    # layer i's output is hidden_states[i + 1] in transformers' convention
+    np.testing.assert_allclose(np.asarray(feats)[..., :d], hs[1].numpy(), atol=5e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(feats)[..., d:], hs[3].numpy(), atol=5e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cached_blocks_equal_full_forward(tiny_models, family):
+    _, _, path = tiny_models[family]
+    ck = checkpoint.load_target(path)
+    tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
+    full, full_feats, _ = _forward(ck, tokens, taps=(1,))
+    cache = init_cache(ck.cfg, 2, 64)
+    got, got_feats, start = [], [], 0
+    for size in (9, 1, 16, 4, 7):  # blocks of varying size on top of the cache
+        block = tokens[:, start:start + size]
+        pos = np.broadcast_to(np.arange(start, start + size), block.shape)
+        logits, feats, cache = _forward(ck, block, pos, cache, taps=(1,))
+        got.append(logits)
+        got_feats.append(np.asarray(feats))
+        start += size
+    # Same math, different key counts per softmax: float32 noise only (measured max 1.8e-5).
+    np.testing.assert_allclose(np.concatenate(got, 1), full, atol=5e-5, rtol=0)
+    np.testing.assert_allclose(np.concatenate(got_feats, 1), np.asarray(full_feats), atol=5e-5, rtol=1e-5)
+    assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
+
+
+def test_padding_changes_no_sequence(tiny_models):
+    _, _, path = tiny_models["qwen2"]
+    ck = checkpoint.load_target(path)
+    rs = np.random.RandomState(4)
+    lens = [5, 23, 12]
+    seqs = [rs.randint(0, TINY["vocab_size"], n) for n in lens]
+    batch = np.zeros((3, 32), np.int64)
+    for i, s in enumerate(seqs):
+        batch[i, : len(s)] = s
+        batch[i, len(s):] = rs.randint(0, TINY["vocab_size"], 32 - len(s))  # arbitrary padding
+    cache = init_cache(ck.cfg, 3, 64)
+    padded, _, _ = _forward(ck, batch, cache=cache)
+    for i, s in enumerate(seqs):
+        alone, _, _ = _forward(ck, s[None], cache=init_cache(ck.cfg, 1, 64))
+        np.testing.assert_allclose(padded[i, : len(s)], alone[0], atol=5e-5, rtol=0)
+
+
+BASE = {"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+])
+def test_unsupported_config_is_a_clear_error(patch, message):
+    with pytest.raises(ConfigError, match=message):
+        TargetConfig.from_hf({**BASE, **patch})
+
+
+def test_config_reads_both_rope_layouts():
+    old = TargetConfig.from_hf({**BASE, "rope_theta": 5e5})
+    new = TargetConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
+    assert old == new and old.rope_theta == 5e5 and old.qkv_bias
