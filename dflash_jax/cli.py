@@ -152,7 +152,7 @@ def cmd_demo(args) -> None:
     dec = Decoder(ck.params, ck.cfg)
     r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]
     r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]  # second run: compiled, steady-state speed
-    print(f"\nUser: {args.prompt}\nAssistant ({ck.path.name}, JAX, greedy): {tok.decode(r.token_ids, skip_special_tokens=True)}\n")
+    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): {tok.decode(r.token_ids, skip_special_tokens=True)}\n")
     print(f"plain decoding: {r.num_output_tokens} tokens, {r.num_output_tokens / r.decode_s:.1f} tokens/s, "
           f"prefill {r.prefill_s * 1e3:.0f} ms")
 
