@@ -1,0 +1,329 @@
+"""The DFlash drafter (SPEC "Drafter architecture"), in Flax linen.
+
+Context features (the target's tapped layer outputs, concatenated) are fused by
+``fc`` + ``hidden_norm`` into one vector per target position; every drafter layer
+projects them with **its own** ``k_proj`` / ``v_proj`` (plus ``k_norm`` and RoPE at
+their absolute positions) and appends them in front of the block's keys and values
+("KV injection"). Queries come from the block only. In a ``full_attention`` layer the
+block sees itself bidirectionally; in a ``sliding_attention`` layer causally and
+within the window. The block's input is the **target's** embedding of
+``[anchor, MASK, ..., MASK]`` (times ``input_embedding_scale``); its output goes
+through the final norm and the **target's** LM head. Embedding and head are passed
+in, never copied into the drafter's parameters.
+
+Masks are passed in explicitly (``[B, T, S_ctx + T]`` booleans) so that decoding and
+training share every line of the layer code and differ only in the mask they build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
+from dflash_jax.target import ConfigError, TargetConfig
+
+Array = jax.Array
+
+
+def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> tuple[int, ...]:
+    """SPEC default: ``[L_t // 2]`` for one layer, else ``round(1 + i * (L_t - 4) / (L_d - 1))``.
+
+    Python's ``round`` (halves to even), as the reference: 35 target and 3 drafter layers
+    give ``(1, 16, 32)``.
+    """
+    if num_drafter_layers == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(round(1 + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    """Static description of a drafter (hashable). Field names follow the released ``config.json``."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    block_size: int = 16
+    mask_token_id: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+    rope_scaling: tuple[tuple[str, float], ...] | None = None
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    max_position_embeddings: int = 40960
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} drafter layers")
+        bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        if bad:
+            raise ConfigError(f"unknown layer_types {sorted(bad)}; expected full_attention or sliding_attention")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ConfigError("sliding_attention layers need a positive sliding_window")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
+        if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
+            raise ConfigError(
+                f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and in [0, {self.num_target_layers})")
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @classmethod
+    def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int, **kw) -> "DrafterConfig":
+        """A drafter shaped like ``target`` (its heads, head_dim, MLP width and RoPE), ``num_layers`` deep."""
+        ids = kw.pop("target_layer_ids", None) or default_target_layer_ids(target.num_layers, num_layers)
+        base = dict(
+            hidden_size=target.hidden_size, intermediate_size=target.intermediate_size, num_layers=num_layers,
+            num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+            vocab_size=target.vocab_size, num_target_layers=target.num_layers, target_layer_ids=tuple(ids),
+            block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+            max_position_embeddings=target.max_position_embeddings,
+        )
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def from_released(cls, hf: dict[str, Any], dtype: str = "float32") -> "DrafterConfig":
+        """Read a released DFlash drafter ``config.json`` (``dflash_config`` wins over top-level keys).
+
+        Raises:
+          ConfigError: ``num_target_layers`` or ``mask_token_id`` missing, or an unsupported setting.
+        """
+        dcfg = hf.get("dflash_config") or {}
+
+        def get(name, default=None):
+            return dcfg.get(name, hf.get(name, default))
+
+        if "num_target_layers" not in hf and "num_target_layers" not in dcfg:
+            raise ConfigError("drafter config.json has no num_target_layers (required by the released format)")
+        if get("mask_token_id") is None:
+            raise ConfigError("drafter config.json has no mask_token_id (in dflash_config or at the top level)")
+        rope = TargetConfig.from_hf({**hf, "model_type": "qwen3", "use_sliding_window": False,
+                                     "layer_types": None, "num_hidden_layers": hf["num_hidden_layers"]})
+        n = int(hf["num_hidden_layers"])
+        ids = get("target_layer_ids") or default_target_layer_ids(int(get("num_target_layers")), n)
+        softcap = get("final_logit_softcapping")
+        return cls(
+            hidden_size=int(hf["hidden_size"]), intermediate_size=int(hf["intermediate_size"]), num_layers=n,
+            num_heads=rope.num_heads, num_kv_heads=rope.num_kv_heads, head_dim=rope.head_dim,
+            vocab_size=int(hf["vocab_size"]), num_target_layers=int(get("num_target_layers")),
+            target_layer_ids=tuple(int(i) for i in ids), block_size=int(get("block_size", 16)),
+            mask_token_id=int(get("mask_token_id")), rms_norm_eps=rope.rms_norm_eps, rope_theta=rope.rope_theta,
+            rope_scaling=rope.rope_scaling, layer_types=tuple(hf.get("layer_types") or ()),
+            sliding_window=hf.get("sliding_window") if "sliding_attention" in (hf.get("layer_types") or ()) else None,
+            attention_bias=bool(hf.get("attention_bias", False)),
+            input_embedding_scale=float(get("input_embedding_scale", 1.0)),
+            output_multiplier=float(get("output_multiplier", 1.0)),
+            final_logit_softcapping=float(softcap) if softcap else None,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 40960)), dtype=dtype,
+        )
+
+    def to_released(self, target_identity: dict | None = None) -> dict:
+        """The released-format ``config.json`` (a Qwen3-style config, ``DFlashDraftModel``)."""
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling:
+            rope = {"rope_type": "llama3", "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
+            rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
+        out = {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_parameters": rope,
+            "max_position_embeddings": self.max_position_embeddings, "attention_bias": self.attention_bias,
+            "hidden_act": "silu", "tie_word_embeddings": False, "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window, "use_sliding_window": self.sliding_window is not None,
+            "num_target_layers": self.num_target_layers, "block_size": self.block_size,
+            "dflash_config": {
+                "mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
+                "block_size": self.block_size, "input_embedding_scale": self.input_embedding_scale,
+                "output_multiplier": self.output_multiplier, "final_logit_softcapping": self.final_logit_softcapping,
+            },
+        }
+        if target_identity:
+            out["dflash_config"]["target_identity"] = target_identity
+        return out
+
+
+class DrafterAttention(nn.Module):
+    """Attention with K/V injection: keys/values = ``[ctx (projected here); block]``."""
+
+    cfg: DrafterConfig
+
+    def setup(self):
+        c = self.cfg
+        d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = param(self, "q_proj", (d, h * hd), ("embed", "heads"))
+        self.k_proj = param(self, "k_proj", (d, kv * hd), ("embed", "kv_heads"))
+        self.v_proj = param(self, "v_proj", (d, kv * hd), ("embed", "kv_heads"))
+        self.o_proj = param(self, "o_proj", (h * hd, d), ("heads", "embed"))
+        if c.attention_bias:
+            zeros = nn.initializers.zeros
+            self.q_bias = param(self, "q_bias", (h * hd,), ("heads",), zeros)
+            self.k_bias = param(self, "k_bias", (kv * hd,), ("kv_heads",), zeros)
+            self.v_bias = param(self, "v_bias", (kv * hd,), ("kv_heads",), zeros)
+            self.o_bias = param(self, "o_bias", (d,), ("embed",), zeros)
+        self.q_norm = RMSNorm(c.rms_norm_eps, "head_dim")
+        self.k_norm = RMSNorm(c.rms_norm_eps, "head_dim")
+        self.inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, dict(c.rope_scaling) if c.rope_scaling else None)
+
+    def _proj(self, x, name, heads):
+        dt = self.cfg.compute_dtype
+        out = x.astype(dt) @ getattr(self, f"{name}_proj").astype(dt)
+        if self.cfg.attention_bias:
+            out = out + getattr(self, f"{name}_bias").astype(dt)
+        return out.reshape(*x.shape[:-1], heads, self.cfg.head_dim)
+
+    def kv(self, x: Array, positions: Array) -> tuple[Array, Array]:
+        """Keys (k_norm, RoPE) and values of ``x`` ``[B, S, d]`` at ``positions`` ``[B, S]``."""
+        k = apply_rope(self.k_norm(self._proj(x, "k", self.cfg.num_kv_heads)), positions, self.inv_freq)
+        return k, self._proj(x, "v", self.cfg.num_kv_heads)
+
+    def __call__(self, x: Array, positions: Array, ctx_kv: tuple[Array, Array], mask: Array) -> Array:
+        c, dt = self.cfg, self.cfg.compute_dtype
+        q = apply_rope(self.q_norm(self._proj(x, "q", c.num_heads)), positions, self.inv_freq)
+        k, v = self.kv(x, positions)
+        keys = jnp.concatenate([ctx_kv[0].astype(dt), k], axis=1)
+        values = jnp.concatenate([ctx_kv[1].astype(dt), v], axis=1)
+        out = attend(q, keys, values, mask).reshape(*x.shape[:2], c.num_heads * c.head_dim)
+        out = out @ self.o_proj.astype(dt)
+        return out + self.o_bias.astype(dt) if c.attention_bias else out
+
+
+class DrafterLayer(nn.Module):
+    cfg: DrafterConfig
+
+    def setup(self):
+        c = self.cfg
+        self.self_attn = DrafterAttention(c)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.compute_dtype)
+        self.input_layernorm = RMSNorm(c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps)
+
+    def context_kv(self, ctx: Array, positions: Array):
+        """K/V of the fused context (not passed through this layer's input norm: SPEC 3)."""
+        return self.self_attn.kv(ctx, positions)
+
+    def __call__(self, h, positions, ctx_kv, mask):
+        h = h + self.self_attn(self.input_layernorm(h), positions, ctx_kv, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Drafter(nn.Module):
+    """The drafter. Methods (all pure given the parameter pytree):
+
+    - ``fuse(feats)``: ``[B, S, n_taps * d]`` target features -> ``[B, S, d]`` (``fc`` then ``hidden_norm``).
+    - ``context_kv(ctx, positions)``: per-layer ``(k, v)`` ``[B, S, KV, D]`` of fused context.
+    - ``__call__(block_emb, positions, ctx_kv, masks)``: block hidden states after the final norm,
+      ``[B, T, d]``; ``masks`` is one bool ``[B, T, S + T]`` per layer (True = visible).
+    """
+
+    cfg: DrafterConfig
+
+    def setup(self):
+        c = self.cfg
+        n_in = len(c.target_layer_ids) * c.hidden_size
+        self.fc = param(self, "fc", (n_in, c.hidden_size), ("taps", "embed"))
+        self.hidden_norm = RMSNorm(c.rms_norm_eps)
+        self.layers = [DrafterLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps)
+
+    def fuse(self, feats: Array) -> Array:
+        dt = self.cfg.compute_dtype
+        return self.hidden_norm(feats.astype(dt) @ self.fc.astype(dt))
+
+    def context_kv(self, ctx: Array, positions: Array):
+        return [layer.context_kv(ctx, positions) for layer in self.layers]
+
+    def __call__(self, block_emb: Array, positions: Array, ctx_kv: Sequence, masks: Sequence[Array]) -> Array:
+        h = block_emb.astype(self.cfg.compute_dtype)
+        for layer, kv, mask in zip(self.layers, ctx_kv, masks):
+            h = layer(h, positions, kv, mask)
+        return self.norm(h)
+
+    def init_all(self, feats, block_emb, positions):
+        """Touch every parameter (for ``init``)."""
+        ctx = self.fuse(feats)
+        kv = self.context_kv(ctx, positions[:, :1].repeat(feats.shape[1], 1))
+        t, s = block_emb.shape[1], feats.shape[1]
+        masks = [jnp.ones((block_emb.shape[0], t, s + t), bool)] * self.cfg.num_layers
+        return self(block_emb, positions, kv, masks)
+
+
+def init_drafter_params(cfg: DrafterConfig, seed: int = 0):
+    """Random drafter parameters (plain pytree, float32)."""
+    n = len(cfg.target_layer_ids) * cfg.hidden_size
+    feats = jnp.zeros((1, 2, n), jnp.float32)
+    emb = jnp.zeros((1, cfg.block_size, cfg.hidden_size), jnp.float32)
+    pos = jnp.zeros((1, cfg.block_size), jnp.int32)
+    variables = Drafter(cfg).init(jax.random.PRNGKey(seed), feats, emb, pos, method=Drafter.init_all)
+    return nn.meta.unbox(variables)["params"]
+
+
+def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
+    """Target LM head on drafter outputs, then ``output_multiplier`` and the optional tanh soft-cap (float32)."""
+    from dflash_jax.target import Target
+
+    logits = Target(target_cfg).apply({"params": target_params}, hidden, method="logits") * cfg.output_multiplier
+    if cfg.final_logit_softcapping:
+        cap = cfg.final_logit_softcapping
+        logits = jnp.tanh(logits / cap) * cap
+    return logits
+
+
+def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
+    """Target embeddings of the block tokens times ``input_embedding_scale``."""
+    from dflash_jax.target import Target
+
+    return Target(target_cfg).apply({"params": target_params}, tokens, method="embed") * cfg.input_embedding_scale
+
+
+def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: int, block_valid: Array) -> list[Array]:
+    """Per-layer masks ``[B, T, S + T]`` for drafting a block at ``start`` over a context cache of length ``S``.
+
+    Context slot ``j`` (its absolute position) is visible iff ``j < start``; in a sliding layer also
+    ``j >= start + k - W + 1`` for block offset ``k``. Block keys: all offsets ``< block_valid``
+    (bidirectional) in full layers; offsets ``<= k`` and within the window in sliding layers.
+    """
+    k = jnp.arange(block_len)
+    j = jnp.arange(cache_len)
+    q_pos = start[:, None] + k  # [B, T]
+    ctx_full = j[None, None, :] < start[:, None, None]  # [B, 1, S]
+    blk_full = k[None, None, :] < block_valid[:, None, None]  # [B, 1, T]
+    masks = []
+    for layer_type in cfg.layer_types:
+        if layer_type == "full_attention":
+            ctx = jnp.broadcast_to(ctx_full, (start.shape[0], block_len, cache_len))
+            blk = jnp.broadcast_to(blk_full, (start.shape[0], block_len, block_len))
+        else:
+            w = cfg.sliding_window
+            ctx = ctx_full & (j[None, None, :] > q_pos[:, :, None] - w)
+            causal = (k[None, :] <= k[:, None]) & (k[:, None] - k[None, :] < w)
+            blk = blk_full & causal[None]
+        masks.append(jnp.concatenate([ctx, blk], axis=-1))
+    return masks

@@ -1,0 +1,78 @@
+"""The drafter equals the reference ``dflash.model.DFlashDraftModel`` (dflash==0.1.0) on released-format weights."""
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_jax.drafter import (Drafter, DrafterConfig, block_embeddings, decode_masks, default_target_layer_ids,
+                                draft_logits, init_drafter_params)
+from dflash_jax.drafter_io import export_released, import_released
+from dflash_jax.target import TargetConfig, init_params
+
+TARGET = TargetConfig(family="qwen3", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=6,
+                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      tie_word_embeddings=False, qk_norm=True)
+
+
+def test_default_layer_ids_round_half_to_even():
+    assert default_target_layer_ids(35, 3) == (1, 16, 32)
+    assert default_target_layer_ids(30, 1) == (15,)
+    assert default_target_layer_ids(36, 5) == (1, 9, 17, 25, 33)
+
+
+def _scaled(params, seed, scale):
+    """Weights times ``scale`` and norm scales jittered around 1, so a swapped tensor would show."""
+    import jax
+
+    rs = np.random.RandomState(seed)
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(x) * scale if x.ndim > 1 else (np.asarray(x) + 0.1 * rs.randn(*x.shape)).astype(np.float32),
+        params)
+
+
+CONFIGS = {
+    "gqa": dict(num_layers=2),
+    "sliding": dict(num_layers=3, layer_types=("full_attention", "sliding_attention", "sliding_attention"),
+                    sliding_window=5),
+    "scaled": dict(num_layers=1, input_embedding_scale=2.5, output_multiplier=0.7, final_logit_softcapping=8.0),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_draft_logits_equal_reference(name, tmp_path):
+    from transformers import AutoConfig
+
+    from dflash.model import DFlashDraftModel
+
+    cfg = DrafterConfig.for_target(TARGET, block_size=6, mask_token_id=3, **CONFIGS[name])
+    params = _scaled(init_drafter_params(cfg, 1), 1, 5.0)
+    tparams = _scaled(init_params(TARGET, seed=2), 2, 20.0)
+    export_released(params, cfg, tmp_path / "drafter")
+    params2, cfg2, _ = import_released(tmp_path / "drafter")
+    assert cfg2 == cfg
+
+    ref = DFlashDraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval()
+    rs = np.random.RandomState(0)
+    ctx_len, bs, start = 9, cfg.block_size, 9
+    feats = rs.randn(1, ctx_len, len(cfg.target_layer_ids) * cfg.hidden_size).astype(np.float32)
+    block = np.array([[7] + [cfg.mask_token_id] * (bs - 1)])
+
+    # ours
+    model = Drafter(cfg2)
+    emb = block_embeddings(block, tparams, TARGET, cfg2)
+    ctx = model.apply({"params": params2}, feats, method=Drafter.fuse)
+    kv = model.apply({"params": params2}, ctx, np.arange(ctx_len)[None], method=Drafter.context_kv)
+    masks = decode_masks(cfg2, ctx_len, np.array([start]), bs, np.array([bs]))
+    hidden = model.apply({"params": params2}, emb, np.arange(start, start + bs)[None], kv, masks)
+    ours = np.asarray(draft_logits(hidden, tparams, TARGET, cfg2))
+
+    # reference: same weights, target embedding / head from our random target params
+    emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)] * cfg.input_embedding_scale
+    with torch.no_grad():
+        h = ref(target_hidden=torch.tensor(feats), noise_embedding=emb_t,
+                position_ids=torch.arange(start + bs)[None], use_cache=False)
+        head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        head.weight.copy_(torch.tensor(np.asarray(tparams["lm_head"]).T))
+        want = ref.compute_logits(h, head).numpy()
+    np.testing.assert_allclose(ours, want, atol=2e-5 * max(1, np.abs(want).max()), rtol=0)
+    assert np.abs(want).max() > 1 and (ours.argmax(-1) == want.argmax(-1)).all()  # not vacuous
