@@ -78,7 +78,7 @@ def _is_stop(tokens: Array, stop_ids: Array) -> Array:
     return jnp.any(tokens[..., None] == stop_ids, axis=-1)
 
 
-def prefill(target_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array, *,
+def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array, *,
             cfg: TargetConfig, shape: LoopShape, drafter=None) -> LoopState:
     """Run the padded prompts through the target and pick the first new token.
 
@@ -101,13 +101,14 @@ def prefill(target_params, prompts: Array, prompt_lens: Array, max_new: Array, s
     done = _is_stop(first, stop_ids) | (prompt_lens + 1 >= limit)
     dcache = None
     if drafter is not None:
-        dcache = drafter.write_context(drafter.init_cache(b, shape.cache_len), feats, jnp.zeros((b,), jnp.int32))
+        dcache = drafter.write_context(drafter_params, drafter.init_cache(b, shape.cache_len), feats,
+                                       jnp.zeros((b,), jnp.int32))
     return LoopState(tokens, prompt_lens, limit, done, cache, dcache, jnp.zeros((b,), jnp.int32),
                      jnp.zeros((b, shape.max_rounds), jnp.int32))
 
 
-def decode_loop(target_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig, shape: LoopShape,
-                drafter=None) -> LoopState:
+def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig,
+                shape: LoopShape, drafter=None) -> LoopState:
     """Speculative rounds until every sequence is done: one ``lax.while_loop``."""
     bs = shape.block_size
     model = Target(cfg)
@@ -119,7 +120,7 @@ def decode_loop(target_params, state: LoopState, stop_ids: Array, *, cfg: Target
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
         dcache = s.drafter_cache
         if drafter is not None:
-            draft = drafter.draft(dcache, block[:, 0], s.start, verify_size)  # [B, bs - 1]
+            draft = drafter.draft(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
             block = block.at[:, 1:].set(draft)
         positions = s.start[:, None] + offsets
         hidden, feats, tcache = model.apply({"params": target_params}, block, positions, s.target_cache,
@@ -137,7 +138,7 @@ def decode_loop(target_params, state: LoopState, stop_ids: Array, *, cfg: Target
         produced = jnp.where(active, produced, 0)
         tokens = _row_write(s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs)))
         if drafter is not None:
-            dcache = drafter.write_context(dcache, feats, s.start)  # slots >= new start are masked later
+            dcache = drafter.write_context(drafter_params, dcache, feats, s.start)  # slots >= new start are masked later
         start = s.start + produced
         done = s.done | hit | (start + 1 >= s.limit)
         accepted = jnp.where(active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]),
@@ -178,12 +179,25 @@ class Decoder:
     """
 
     def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None):
-        self.params, self.cfg, self.drafter = target_params, cfg, drafter
-        self.block_size = 1 if drafter is None else int(block_size or drafter.block_size)
-        if drafter is None and self.block_size != 1:
-            raise ValueError("block_size > 1 needs a drafter")
-        if drafter is not None and not 2 <= self.block_size <= drafter.max_block_size:
-            raise ValueError(f"block size {self.block_size} not in [2, {drafter.max_block_size}] for this drafter")
+        """``drafter``: ``None`` (plain decoding, block size 1) or ``(params, DrafterConfig)``.
+
+        Raises:
+          ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``).
+        """
+        from dflash_jax.drafter import DraftStep
+
+        self.params, self.cfg = target_params, cfg
+        self.drafter_params, self.drafter = None, None
+        if drafter is None:
+            if block_size not in (None, 1):
+                raise ValueError("block_size > 1 needs a drafter")
+            self.block_size = 1
+        else:
+            self.drafter_params, dcfg = drafter
+            self.drafter = DraftStep(dcfg, cfg)
+            self.block_size = int(block_size or dcfg.block_size)
+            if not 2 <= self.block_size <= dcfg.block_size:
+                raise ValueError(f"block size {self.block_size} not in [2, {dcfg.block_size}] for this drafter")
         self._compiled: dict[LoopShape, tuple] = {}
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
@@ -202,10 +216,11 @@ class Decoder:
         b, p = shape.batch, shape.prompt_len
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter))
-        pre_c = pre.lower(self.params, i32(b, p), i32(b), i32(b), i32(num_stop)).compile()
-        state_abstract = jax.eval_shape(pre, self.params, i32(b, p), i32(b), i32(b), i32(num_stop))
-        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter), donate_argnums=(1,))
-        loop_c = loop.lower(self.params, state_abstract, i32(num_stop)).compile()
+        args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop))
+        pre_c = pre.lower(*args).compile()
+        state_abstract = jax.eval_shape(pre, *args)
+        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter), donate_argnums=(2,))
+        loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
@@ -255,9 +270,9 @@ class Decoder:
         budget = np.full((shape.batch,), max_new_tokens, np.int32)
         budget[n:] = 1  # padding rows finish at once
         t0 = time.perf_counter()
-        state = jax.block_until_ready(pre(self.params, tok, lens, budget, stops))
+        state = jax.block_until_ready(pre(self.params, self.drafter_params, tok, lens, budget, stops))
         t1 = time.perf_counter()
-        state = jax.block_until_ready(loop(self.params, state, stops))
+        state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops))
         t2 = time.perf_counter()
         tokens, start, limit, rounds, accepted = jax.device_get(
             (state.tokens, state.start, state.limit, state.rounds, state.accepted))

@@ -327,3 +327,47 @@ def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: in
             blk = blk_full & causal[None]
         masks.append(jnp.concatenate([ctx, blk], axis=-1))
     return masks
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftStep:
+    """The drafter as the decoding loop uses it (static, hashable; parameters are passed in).
+
+    Its context cache holds, per drafter layer, the projected K/V ``[B, S, KV, D]`` of the
+    fused target features, slot = absolute position (like the target's KV cache), so the
+    loop never compacts it: ``decode_masks`` hides slots ``>= start``. (A sliding layer's
+    mask hides slots older than its window; the memory for them is kept for static shapes.)
+    """
+
+    cfg: DrafterConfig
+    target_cfg: TargetConfig
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:
+        return self.cfg.target_layer_ids
+
+    def init_cache(self, batch: int, cache_len: int):
+        shape = (batch, cache_len, self.cfg.num_kv_heads, self.cfg.head_dim)
+        dt = self.cfg.compute_dtype
+        return [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(self.cfg.num_layers)]
+
+    def write_context(self, params, cache, feats: Array, start: Array):
+        """Project target features ``[B, C, n_taps * d]`` of positions ``start .. start+C-1`` into the cache."""
+        from dflash_jax.target import write_block
+
+        model = Drafter(self.cfg)
+        ctx = model.apply({"params": params}, feats, method=Drafter.fuse)
+        positions = start[:, None] + jnp.arange(feats.shape[1])
+        kv = model.apply({"params": params}, ctx, positions, method=Drafter.context_kv)
+        return [(write_block(ck, k, start), write_block(cv, v, start)) for (ck, cv), (k, v) in zip(cache, kv)]
+
+    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
+        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``."""
+        b = anchor.shape[0]
+        block = jnp.full((b, block_len), self.cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
+        emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
+        masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
+        positions = start[:, None] + jnp.arange(block_len)
+        hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
+        logits = draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
