@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="decode prompts with the target (greedy)",
                        description="Greedy decoding with the target model in one jit-compiled loop.")
     _add_target(g)
-    g.add_argument("--drafter", default="none", help="'none' for plain autoregressive decoding")
+    g.add_argument("--drafter", default="none",
+                   help="released-format drafter folder, 'random' (freshly initialised, seeded) or 'none' "
+                        "(plain autoregressive decoding = block size 1)")
+    g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
+    g.add_argument("--seed", type=int, default=0, help="seed of --drafter random")
     prompt = g.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
@@ -113,13 +117,15 @@ def cmd_generate(args) -> None:
     from dflash_jax.decode import Decoder
     from dflash_jax.utils import log
 
-    if args.drafter != "none":
-        sys.exit("error: only --drafter none (plain decoding) is available in this version")
     if args.max_new_tokens < 1 or args.batch_size < 1:
         sys.exit("error: --max-new-tokens and --batch-size must be >= 1")
     texts = _read_prompts(args)
     ck, tok = _load(args)
-    dec = Decoder(ck.params, ck.cfg)
+    try:
+        dec = Decoder(ck.params, ck.cfg, drafter=load_drafter(args.drafter, ck, tok, args.seed),
+                      block_size=args.block_size)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     stops = stop_ids(tok)
     for i in range(0, len(texts), args.batch_size):
         chunk = texts[i: i + args.batch_size]
@@ -144,17 +150,58 @@ def cmd_generate(args) -> None:
                 f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s")
 
 
+# SmolLM2's vocabulary has no spare row, so the mask token must be an existing token that chat
+# text never contains: <empty_output> (id 16) is a code-pretraining marker unused in chat.
+MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "<|fim_pad|>", "<|endoftext|>")
+
+
+def mask_token_id(tok) -> int:
+    """An existing, unused special token of the target's tokenizer to serve as the mask token."""
+    vocab = tok.get_vocab()
+    for t in MASK_TOKEN_CANDIDATES:
+        if t in vocab:
+            return vocab[t]
+    raise ValueError(f"no mask token candidate {MASK_TOKEN_CANDIDATES} in the tokenizer; pass a drafter folder")
+
+
+def load_drafter(spec: str, ck, tok, seed: int = 0):
+    """``none`` -> None; ``random`` -> a fresh 1-layer drafter (block 16); else a released-format folder.
+
+    Raises:
+      ValueError: the drafter does not fit the target (hidden size, vocabulary, layer count or ids).
+    """
+    from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
+
+    if spec == "none":
+        return None
+    if spec == "random":
+        cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=mask_token_id(tok))
+        return init_drafter_params(cfg, seed), cfg
+    from dflash_jax.drafter_io import import_released
+
+    params, cfg, raw = import_released(spec)
+    check_fits(cfg, ck.cfg, (raw.get("dflash_config") or {}).get("target_identity"), ck.identity)
+    return params, cfg
+
+
 def cmd_demo(args) -> None:
     from dflash_jax.decode import Decoder
 
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
-    dec = Decoder(ck.params, ck.cfg)
-    r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]
-    r = dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]  # second run: compiled, steady-state speed
-    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): {tok.decode(r.token_ids, skip_special_tokens=True)}\n")
-    print(f"plain decoding: {r.num_output_tokens} tokens, {r.num_output_tokens / r.decode_s:.1f} tokens/s, "
-          f"prefill {r.prefill_s * 1e3:.0f} ms")
+    rows = []
+    for name, drafter in (("plain (block 1)", None), ("DFlash, random drafter (block 16)", "random")):
+        dec = Decoder(ck.params, ck.cfg, drafter=load_drafter(drafter or "none", ck, tok))
+        dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
+        rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
+    text = tok.decode(rows[0][1].token_ids, skip_special_tokens=True)
+    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): {text}\n")
+    same = rows[0][1].token_ids == rows[1][1].token_ids
+    for name, r in rows:
+        print(f"{name:36s} {r.num_output_tokens:4d} tokens  tau {r.tau:.2f}  "
+              f"{(r.num_output_tokens - 1) / r.decode_s:6.1f} tokens/s  prefill {r.prefill_s * 1e3:.0f} ms")
+    print(f"speculative output identical to plain: {same} (an untrained drafter accepts almost nothing: "
+          "tau ~1; a trained drafter is the next milestone)")
 
 
 def main(argv=None) -> None:

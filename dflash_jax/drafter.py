@@ -371,3 +371,25 @@ class DraftStep:
         hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
         logits = draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def check_fits(cfg: DrafterConfig, target: TargetConfig, drafter_target_identity: dict | None = None,
+               target_identity: dict | None = None) -> None:
+    """Raise ``ConfigError`` naming the mismatch if the drafter cannot serve ``target``.
+
+    Checks hidden size, vocabulary, ``num_target_layers``, the range of ``target_layer_ids``
+    and, when both are known, the target identity (config and tokenizer hashes) recorded
+    with the drafter.
+    """
+    if cfg.hidden_size != target.hidden_size:
+        raise ConfigError(f"drafter hidden_size {cfg.hidden_size} != target hidden_size {target.hidden_size}")
+    if cfg.vocab_size != target.vocab_size:
+        raise ConfigError(f"drafter vocab_size {cfg.vocab_size} != target vocab_size {target.vocab_size}")
+    if cfg.num_target_layers != target.num_layers:
+        raise ConfigError(f"drafter was built for a {cfg.num_target_layers}-layer target; this target has "
+                          f"{target.num_layers} layers")
+    if drafter_target_identity and target_identity:
+        for key in ("config_sha256", "tokenizer_sha256"):
+            if key in drafter_target_identity and drafter_target_identity[key] != target_identity.get(key):
+                raise ConfigError(f"drafter was trained for another target ({key} differs); use the target it "
+                                  "was trained for")

@@ -66,3 +66,54 @@ def test_acceptance_lengths_equal_reference(setup, tmp_path, monkeypatch):
                               return_stats=True)
         assert ours.token_ids == out.output_ids[0, n:].tolist()
         assert ours.acceptance_lengths == out.acceptance_lengths
+
+
+def test_drafter_that_does_not_fit_is_a_clear_error(setup, tmp_path):
+    import dataclasses
+
+    from dflash_jax.drafter import check_fits
+    from dflash_jax.target import ConfigError
+
+    _, ck, dcfg, _, _, _ = setup
+    with pytest.raises(ConfigError, match="hidden_size"):
+        check_fits(dataclasses.replace(dcfg, hidden_size=32), ck.cfg)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        check_fits(dataclasses.replace(dcfg, vocab_size=97), ck.cfg)
+    with pytest.raises(ConfigError, match="4-layer target"):
+        check_fits(dataclasses.replace(dcfg, num_target_layers=4, target_layer_ids=(1,)), ck.cfg.__class__(
+            **{**dataclasses.asdict(ck.cfg), "num_layers": 5}))
+    with pytest.raises(ConfigError, match="another target"):
+        check_fits(dcfg, ck.cfg, {"config_sha256": "x"}, ck.identity)
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        dataclasses.replace(dcfg, target_layer_ids=(0, 4))
+    with pytest.raises(ValueError, match="block size 9"):
+        Decoder(ck.params, ck.cfg, drafter=(setup[3], dcfg), block_size=9)
+
+
+def test_generate_cli_with_released_drafter(setup, tmp_path, capsys):
+    import json
+
+    from dflash_jax.cli import main
+
+    _, ck, dcfg, dparams, _, _ = setup
+    export_released(dparams, dcfg, tmp_path / "d", target_identity=ck.identity)
+    main(["generate", "--target", str(ck.path), "--drafter", str(tmp_path / "d"), "--prompt", "t10 t11",
+          "--max-new-tokens", "9", "--block-size", "4", "--json"])
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec["num_output_tokens"] == 9 and sum(rec["acceptance_lengths"]) == 8
+    assert rec["tau"] == pytest.approx(np.mean(rec["acceptance_lengths"]))
+
+
+def test_jax_modules_never_import_torch(tiny_models):
+    import subprocess
+    import sys
+
+    _, _, path = tiny_models["qwen3"]
+    code = (
+        "import sys; from dflash_jax import checkpoint, decode, drafter, target, sharding\n"
+        f"ck = checkpoint.load_target({str(path)!r})\n"
+        "print(decode.Decoder(ck.params, ck.cfg).generate([[5, 6]], 3)[0].token_ids)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
