@@ -178,7 +178,12 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
                 if name not in mapping:
                     continue
                 ours, layout = mapping[name]
-                arr = np.asarray(f.get_tensor(name)).astype(np.float32)
+                arr = np.asarray(f.get_tensor(name))
+                if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+                    raise CheckpointError(
+                        f"tensor {name} in {path.name} has dtype {arr.dtype}, expected a float type "
+                        "(float32, float16 or bfloat16)")
+                arr = arr.astype(np.float32)
                 if layout == "T":
                     arr = arr.T
                 want = _get(expected, ours)

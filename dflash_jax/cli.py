@@ -205,8 +205,14 @@ def cmd_demo(args) -> None:
 
 
 def main(argv=None) -> None:
+    from dflash_jax.checkpoint import CheckpointError
+    from dflash_jax.target import ConfigError
+
     args = build_parser().parse_args(argv)
-    {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+    try:
+        {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+    except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

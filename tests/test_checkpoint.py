@@ -73,6 +73,25 @@ def test_shape_mismatch_named(tiny_models, tmp_path):
         checkpoint.convert_hf(bad, tmp_path / "out")
 
 
+def test_dtype_mismatch_named(tiny_models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    weights = load_file(bad / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"].astype(np.int32)
+    save_file(weights, bad / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model\.norm\.weight.*dtype int32"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path, capsys):
+    from dflash_jax.cli import main
+
+    with pytest.raises(SystemExit, match="error: .*not a folder"):
+        main(["convert", "--hf", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
+
+
 def test_unsupported_architecture(tiny_models, tmp_path):
     _, hf_dir, _ = tiny_models["qwen2"]
     bad = _copy(hf_dir, tmp_path / "hf")
