@@ -35,6 +35,7 @@ from dflash_jax.target import ConfigError, TargetConfig, param_logical_specs
 FORMAT = "dflash-jax-target"
 FORMAT_VERSION = 1
 META_FILE = "dflash_jax.json"
+HF_MARKER = ".dflash-jax-gguf-sha256"  # in HF folders made from a GGUF: the GGUF's hash
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
     "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -68,7 +69,10 @@ def tokenizer_hash(folder: Path) -> str:
     """Hash of the tokenizer's vocabulary, special tokens and chat template (format-independent)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # tokenizers raise many types for corrupt files
+        raise CheckpointError(f"cannot load the tokenizer files in {folder}: {type(e).__name__}: {e}") from None
     payload = {
         "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
         "special": sorted(tok.all_special_tokens),
@@ -87,6 +91,10 @@ def atomic_folder(out: Path, overwrite: bool = False):
     out = Path(out)
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} already exists; choose another --out or remove it")
+    if out.exists() and (not out.is_dir() or not ((out / META_FILE).exists() or (out / HF_MARKER).exists()
+                                                   or not any(out.iterdir()))):
+        raise CheckpointError(
+            f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     try:
@@ -140,8 +148,13 @@ def hf_param_names(cfg: TargetConfig) -> dict[str, tuple[tuple[str, ...], str]]:
 def _safetensors_files(hf_dir: Path) -> list[Path]:
     index = hf_dir / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(read_json(index)["weight_map"].values()))
-        paths = [hf_dir / f for f in files]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} has no 'weight_map' object")
+        paths = [hf_dir / f for f in sorted(set(weight_map.values()))]
+        outside = [p for p in paths if hf_dir.resolve() not in p.resolve().parents]
+        if outside:
+            raise CheckpointError(f"{index} points outside {hf_dir}: {outside[0]}")
     else:
         paths = sorted(hf_dir.glob("*.safetensors"))
     if not paths:
@@ -246,7 +259,11 @@ def convert_hf(hf_dir: str | Path, out: str | Path, *, source_sha256: str | None
     hf_dir, out = Path(hf_dir), Path(out)
     if not hf_dir.is_dir():
         raise CheckpointError(f"{hf_dir} is not a folder; --hf takes a Hugging Face checkpoint folder")
+    if out.resolve() == hf_dir.resolve() or out.resolve() in hf_dir.resolve().parents:
+        raise CheckpointError(f"--out {out} would overwrite the source folder {hf_dir}")
     hf_config = read_json(hf_dir / "config.json")
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{hf_dir / 'config.json'} is not a JSON object")
     cfg = TargetConfig.from_hf(hf_config)
     params = load_hf_params(hf_dir, cfg)
     if not any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
@@ -306,16 +323,19 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
     with atomic_folder(out, overwrite) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        (tmp / HF_MARKER).write_text(sha256_file(gguf_file))
     return out
 
 
 def convert_gguf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """GGUF -> HF folder (kept beside ``out`` as ``<out>.hf``) -> orbax target checkpoint."""
-    out = Path(out)
+    out, gguf_file = Path(out), Path(gguf_file)
     hf_dir = out.with_name(out.name + ".hf")
-    if not hf_dir.exists():
-        gguf_to_hf(gguf_file, hf_dir)
-    return convert_hf(hf_dir, out, source_sha256=sha256_file(Path(gguf_file)), overwrite=overwrite)
+    digest = sha256_file(gguf_file) if gguf_file.is_file() else None
+    marker = hf_dir / HF_MARKER
+    if digest is None or not (marker.exists() and marker.read_text() == digest):  # rebuild unless made from this file
+        gguf_to_hf(gguf_file, hf_dir, overwrite=hf_dir.exists())
+    return convert_hf(hf_dir, out, source_sha256=digest, overwrite=overwrite)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -344,8 +364,8 @@ def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) 
     """Load a converted target checkpoint (or a known name such as ``smollm2-135m-instruct``).
 
     Args:
-      path_or_name: a folder written by ``convert_hf`` / ``convert_gguf``, a Hugging Face
-        folder (converted on the fly into ``<folder>/../<name>.dflash-jax``), or a known name.
+      path_or_name: a folder written by ``convert_hf`` / ``convert_gguf``, or a known name
+        (a Hugging Face folder is refused with the ``convert`` command to run).
       dtype: parameter and compute dtype, ``"float32"`` or ``"bfloat16"``.
       mesh: optional ``jax.sharding.Mesh``; parameters are placed by the logical-axis table.
 

@@ -59,14 +59,21 @@ def _read_prompts(args) -> list[str]:
     if args.prompt is not None:
         return [args.prompt]
     prompts = []
-    with open(args.prompts_file) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                prompts.append(json.loads(line)["prompt"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                sys.exit(f"error: {args.prompts_file}:{n}: expected a JSON object with a 'prompt' field")
+    try:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: cannot read {args.prompts_file}: {e}")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            prompt = json.loads(line)["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            prompt = None
+        if not isinstance(prompt, str) or not prompt:
+            sys.exit(f"error: {args.prompts_file}:{n}: expected a JSON object with a non-empty string 'prompt'")
+        prompts.append(prompt)
     if not prompts:
         sys.exit(f"error: {args.prompts_file} has no prompts")
     return prompts
@@ -127,9 +134,12 @@ def cmd_generate(args) -> None:
     except ValueError as e:
         sys.exit(f"error: {e}")
     stops = stop_ids(tok)
+    all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
+    empty = [i for i, ids in enumerate(all_ids) if not ids]
+    if empty:
+        sys.exit(f"error: prompt {empty[0] + 1} encodes to no tokens")
     for i in range(0, len(texts), args.batch_size):
-        chunk = texts[i: i + args.batch_size]
-        ids = [encode(tok, t, args.chat) for t in chunk]
+        chunk, ids = texts[i: i + args.batch_size], all_ids[i: i + args.batch_size]
         try:
             results = dec.generate(ids, args.max_new_tokens, stops)
         except ValueError as e:

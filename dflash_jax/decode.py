@@ -195,7 +195,7 @@ class Decoder:
         else:
             self.drafter_params, dcfg = drafter
             self.drafter = DraftStep(dcfg, cfg)
-            self.block_size = int(block_size or dcfg.block_size)
+            self.block_size = int(dcfg.block_size if block_size is None else block_size)
             if not 2 <= self.block_size <= dcfg.block_size:
                 raise ValueError(f"block size {self.block_size} not in [2, {dcfg.block_size}] for this drafter")
         self._compiled: dict[LoopShape, tuple] = {}

@@ -67,6 +67,30 @@ class TargetConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> "TargetConfig":
+        """Read a Hugging Face ``config.json`` dict; see ``_from_hf``. Any malformed field is a ConfigError."""
+        if not isinstance(hf, dict):
+            raise ConfigError("config.json must hold a JSON object")
+        try:
+            cfg = cls._from_hf(hf, dtype)
+        except ConfigError:
+            raise
+        except KeyError as e:
+            raise ConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise ConfigError(f"config.json has a malformed field: {type(e).__name__}: {e}") from None
+        sizes = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                     num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        bad = [k for k, v in sizes.items() if v < 1]
+        if bad:
+            raise ConfigError(f"config.json field {bad[0]} must be a positive integer")
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ConfigError(f"num_attention_heads ({cfg.num_heads}) must be a multiple of "
+                              f"num_key_value_heads ({cfg.num_kv_heads})")
+        return cfg
+
+    @classmethod
+    def _from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> "TargetConfig":
         """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
 
         Raises:
@@ -96,6 +120,8 @@ class TargetConfig:
         if legacy:
             rope.update(legacy)
         theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        if legacy and "rope_type" not in legacy and "type" not in legacy:
+            raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3'")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ConfigError("partial_rotary_factor != 1 is not supported")

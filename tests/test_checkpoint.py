@@ -157,3 +157,45 @@ def test_convert_cli(tiny_models, tmp_path):
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "cli")])
     assert (tmp_path / "cli" / "dflash_jax.json").exists()
     assert checkpoint.load_target(tmp_path / "cli").cfg.family == "llama"
+
+
+def test_overwrite_never_deletes_foreign_folders(tiny_models, tmp_path):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    src = _copy(hf_dir, tmp_path / "src")
+    with pytest.raises(CheckpointError, match="overwrite the source"):
+        checkpoint.convert_hf(src, src, overwrite=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("precious")
+    with pytest.raises(CheckpointError, match="not a folder written by dflash-jax"):
+        checkpoint.convert_hf(src, other, overwrite=True)
+    assert (other / "keep.txt").read_text() == "precious" and (src / "model.safetensors").exists()
+
+
+def test_gguf_never_reuses_a_stale_hf_folder(tiny_models, tmp_path):
+    _, hf_dir, _ = tiny_models["qwen2"]
+    _copy(hf_dir, tmp_path / "g.hf")  # a stale folder beside --out, not made from this GGUF
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUFgarbage")
+    with pytest.raises(Exception):
+        checkpoint.convert_gguf(fake, tmp_path / "g")
+    assert not (tmp_path / "g").exists()
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"num_attention_heads": None}, "num_attention_heads|malformed"),
+    ({"hidden_size": "abc"}, "malformed"),
+    ({"num_key_value_heads": 3}, "multiple of"),
+    ({"rope_scaling": {"factor": 2.0}}, "no rope_type"),
+])
+def test_malformed_config_fields(patch, message):
+    from dflash_jax.target import TargetConfig
+
+    base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 4}
+    cfg = {**base, **patch}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    with pytest.raises(ConfigError, match=message):
+        TargetConfig.from_hf(cfg)
+    with pytest.raises(ConfigError, match="JSON object"):
+        TargetConfig.from_hf([1, 2])
