@@ -83,6 +83,7 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
     """Run the padded prompts through the target and pick the first new token.
 
     Args:
+      target_params, drafter_params: parameter pytrees (``drafter_params`` is None without a drafter).
       prompts: int32 ``[B, P]``, right-padded; ``prompt_lens`` ``[B]`` (>= 1).
       max_new: int32 ``[B]`` new-token budget per sequence (>= 1).
       stop_ids: int32 ``[K]`` stop tokens (``K >= 1``; pad with -1).
