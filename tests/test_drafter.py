@@ -40,8 +40,6 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_draft_logits_equal_reference(name, tmp_path):
-    from transformers import AutoConfig
-
     from dflash.model import DFlashDraftModel
 
     cfg = DrafterConfig.for_target(TARGET, block_size=6, mask_token_id=3, **CONFIGS[name])
