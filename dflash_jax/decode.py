@@ -180,12 +180,20 @@ class Decoder:
     """
 
     def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None):
-        """``drafter``: ``None`` (plain decoding, block size 1) or ``(params, DrafterConfig)``.
+        """Args:
+          target_params, cfg: the target (``Target`` parameters and config).
+          drafter: ``None`` (plain decoding, block size 1), ``(params, DrafterConfig)``, or
+            ``(params, step)`` with any *draft step*: an object with ``tap_layers`` (target layer
+            ids whose outputs it reads), ``max_block_size``, ``init_cache(batch, cache_len)``,
+            ``write_context(params, cache, feats, start)`` and ``draft(params, target_params,
+            cache, anchor, start, block_valid, block_len) -> [B, block_len - 1] int32``
+            (``DraftStep`` is the real one; tests plug in an oracle).
+          block_size: speculative block size (default: the drafter's).
 
         Raises:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``).
         """
-        from dflash_jax.drafter import DraftStep
+        from dflash_jax.drafter import DrafterConfig, DraftStep
 
         self.params, self.cfg = target_params, cfg
         self.drafter_params, self.drafter = None, None
@@ -194,11 +202,13 @@ class Decoder:
                 raise ValueError("block_size > 1 needs a drafter")
             self.block_size = 1
         else:
-            self.drafter_params, dcfg = drafter
-            self.drafter = DraftStep(dcfg, cfg)
-            self.block_size = int(dcfg.block_size if block_size is None else block_size)
-            if not 2 <= self.block_size <= dcfg.block_size:
-                raise ValueError(f"block size {self.block_size} not in [2, {dcfg.block_size}] for this drafter")
+            self.drafter_params, step = drafter
+            self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
+            limit = self.drafter.max_block_size
+            self.block_size = int(limit if block_size is None else block_size)
+            if not 2 <= self.block_size <= limit:
+                raise ValueError(f"block size {self.block_size} not in [2, {limit}] for this drafter; "
+                                 f"pass --block-size between 2 and {limit}")
         self._compiled: dict[LoopShape, tuple] = {}
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:

@@ -346,6 +346,10 @@ class DraftStep:
     def tap_layers(self) -> tuple[int, ...]:
         return self.cfg.target_layer_ids
 
+    @property
+    def max_block_size(self) -> int:
+        return self.cfg.block_size
+
     def init_cache(self, batch: int, cache_len: int):
         shape = (batch, cache_len, self.cfg.num_kv_heads, self.cfg.head_dim)
         dt = self.cfg.compute_dtype

@@ -64,3 +64,75 @@ def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+
+
+class OracleDraft:
+    """A draft step (see ``Decoder``) that proposes the target's own greedy continuation.
+
+    Its "parameters" are ``{"cont": int32 [n, W], "err": bool [n, W]}``: the greedy token at
+    every absolute position of each sequence, and where to inject a wrong token instead
+    (``(token + 1) % vocab``). With it, the acceptance length of every round is known in
+    advance (``expected_rounds``), so the loop's accept/commit logic is tested without a
+    trained drafter. Padded batch rows reuse the last sequence.
+    """
+
+    tap_layers = ()
+
+    def __init__(self, vocab_size: int, max_block_size: int):
+        self.vocab_size, self.max_block_size = vocab_size, max_block_size
+
+    def init_cache(self, batch, cache_len):
+        return None
+
+    def write_context(self, params, cache, feats, start):
+        return cache
+
+    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len):
+        import jax
+        import jax.numpy as jnp
+
+        rows = jnp.minimum(jnp.arange(anchor.shape[0]), params["cont"].shape[0] - 1)
+        take = jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s + 1, block_len - 1))
+        tok = take(params["cont"][rows], start)
+        err = take(params["err"][rows], start)
+        return jnp.where(err, (tok + 1) % self.vocab_size, tok).astype(jnp.int32)
+
+
+def oracle_params(prompts, greedy, errors, width=1024):
+    """``OracleDraft`` parameters from prompts, their greedy new tokens and error positions (absolute)."""
+    cont = np.zeros((len(prompts), width), np.int32)
+    err = np.zeros((len(prompts), width), bool)
+    for i, (p, g, e) in enumerate(zip(prompts, greedy, errors)):
+        seq = list(p) + list(g)
+        cont[i, : len(seq)] = seq
+        err[i, sorted(e)] = True
+    return {"cont": cont, "err": err}
+
+
+def expected_rounds(prompt_len, greedy, errors, block_size, max_new, stop_ids=()):
+    """Tokens committed per round, by the SPEC rule, for a drafter that is right except at ``errors``.
+
+    ``greedy[i]`` is the target's greedy token at absolute position ``prompt_len + i``. A round at
+    ``start`` drafts positions ``start+1 .. start+v-1`` (``v = min(B, limit - start)``), accepts
+    up to the first error, adds the bonus token, and is cut at the length limit and after the
+    first stop token.
+    """
+    limit = prompt_len + max_new
+    start, rounds = prompt_len, []
+    if greedy[0] in stop_ids:
+        return rounds
+    while start + 1 < limit:
+        v = min(block_size, limit - start)
+        a = 0
+        while a < v - 1 and start + 1 + a not in errors:
+            a += 1
+        produced = min(a + 1, limit - start - 1)
+        new = greedy[start + 1 - prompt_len: start + 1 - prompt_len + produced]
+        hits = [i for i, t in enumerate(new) if t in stop_ids]
+        if hits:
+            produced = hits[0] + 1
+        rounds.append(produced)
+        start += produced
+        if hits:
+            break
+    return rounds

@@ -117,3 +117,132 @@ def test_jax_modules_never_import_torch(tiny_models):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# --- multi-token acceptance with an oracle drafter -------------------------------------------
+
+def _errors_for(prompt_len, lengths, bs):
+    """Error positions that make the rounds commit exactly ``lengths`` tokens (each in 1..bs)."""
+    errors, start = set(), prompt_len
+    for k in lengths:
+        if k < bs:
+            errors.add(start + k)  # draft offset k is wrong: offsets 1..k-1 accepted, plus the bonus
+        start += k
+    return errors
+
+
+@pytest.mark.parametrize("bs", [4, 8])
+def test_oracle_drafter_gives_chosen_acceptance_lengths(setup, bs):
+    from helpers import OracleDraft, expected_rounds, oracle_params
+
+    _, ck, _, _, plain, _ = setup
+    rs = np.random.RandomState(bs)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11)]
+    wanted = [
+        [bs] + list(range(1, bs + 1)) + [bs, 2],  # every length 1..B
+        list(range(bs, 0, -1)) + [1, 1],
+        [1] * 3 + [bs] * 3,
+    ]
+    n_new = [1 + sum(w) for w in wanted]
+    greedy = [r.token_ids for r in plain.generate(prompts, max(n_new))]
+    errors = [_errors_for(len(p), w, bs) for p, w in zip(prompts, wanted)]
+    for p, g, e, w, n in zip(prompts, greedy, errors, wanted, n_new):
+        assert expected_rounds(len(p), g, e, bs, n) == w  # the test's own construction is consistent
+    dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params(prompts, greedy, errors), OracleDraft(96, bs)))
+    assert dec.block_size == bs
+    # One batch, each row with its own budget: decode with the largest and compare prefixes row by row.
+    for i, (p, g, w, n) in enumerate(zip(prompts, greedy, wanted, n_new)):
+        alone = Decoder(ck.params, ck.cfg, drafter=(oracle_params([p], [g], [errors[i]]), OracleDraft(96, bs)))
+        r = alone.generate([p], n)[0]
+        assert r.acceptance_lengths == w
+        assert r.token_ids == g[:n]
+    batch = dec.generate(prompts, max(n_new))
+    for p, g, e, r in zip(prompts, greedy, errors, batch):
+        assert r.acceptance_lengths == expected_rounds(len(p), g, e, bs, max(n_new))
+        assert r.token_ids == g
+        assert max(r.acceptance_lengths) == bs or r is batch[1]
+
+
+def test_reference_loop_with_oracle_drafter_stop_and_limit_mid_block(setup, monkeypatch):
+    """The same oracle plugged into ``dflash.model.dflash_generate``: identical rounds, with a
+    stop token and the length limit landing inside accepted blocks."""
+    import time
+
+    import dflash.model
+    from dflash.model import DFlashDraftModel, dflash_generate
+    from helpers import OracleDraft, expected_rounds, oracle_params
+
+    monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)
+    hf, ck, dcfg, dparams, plain, _ = setup
+    bs = 8
+    ref = DFlashDraftModel(DFlashDraftModel.config_class(**_ref_config(dcfg))).eval()
+    rs = np.random.RandomState(11)
+    checked = {"stop": 0, "limit": 0}
+    state, forward = {}, ref.forward
+
+    def recording_forward(*args, noise_embedding, position_ids, **kw):
+        state["positions"] = position_ids[0, -noise_embedding.shape[1] + 1:].tolist()
+        return forward(*args, noise_embedding=noise_embedding, position_ids=position_ids, **kw)
+
+    def oracle_logits(hidden, head):
+        seq, errs = state["seq"], state["errs"]
+        tok = [(seq[q] + 1) % 96 if q in errs else seq[q] for q in state["positions"]]
+        return torch.nn.functional.one_hot(torch.tensor([tok]), 96).float()
+
+    monkeypatch.setattr(ref, "forward", recording_forward)
+    monkeypatch.setattr(ref, "compute_logits", oracle_logits)
+    for case in range(8):
+        p = rs.randint(4, 96, int(rs.randint(3, 30))).tolist()
+        g = plain.generate([p], 60)[0].token_ids
+        errs = {len(p) + i for i in range(1, 60) if rs.rand() < 0.2}
+        free = expected_rounds(len(p), g, errs, bs, 60)
+        ends = np.cumsum([0] + free)  # round r commits greedy[ends[r] + 1 .. ends[r + 1]]
+        long_rounds = [r for r, k in enumerate(free) if k >= 3]
+        if case % 2:  # a stop token first emitted inside a round of several tokens
+            cand = [i for i in range(1, 59) if g.index(g[i]) == i and i not in ends]
+            if not cand:
+                continue
+            stop, n_new = [g[cand[-1]]], 60
+        else:  # the length limit inside a round of several tokens
+            r = long_rounds[len(long_rounds) // 2]
+            stop, n_new = [], int(ends[r]) + 1 + free[r] // 2
+        want = expected_rounds(len(p), g, errs, bs, n_new, stop)
+        dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params([p], [g], [errs]), OracleDraft(96, bs)))
+        ours = dec.generate([p], n_new, stop_token_ids=stop)[0]
+        state.update(seq=p + g, errs=errs)
+        out = dflash_generate(ref, hf, torch.tensor([p]), max_new_tokens=n_new, stop_token_ids=stop or None,
+                              block_size=bs, return_stats=True)
+        assert out.acceptance_lengths == want
+        assert ours.acceptance_lengths == want
+        assert ours.token_ids == out.output_ids[0, len(p):].tolist()
+        assert want[-1] < free[len(want) - 1]  # the last round was cut short...
+        if stop:  # ...by the stop token
+            assert ours.token_ids[-1] == stop[0] and stop[0] not in ours.token_ids[:-1]
+            checked["stop"] += 1
+        else:  # ...by the length limit
+            assert len(ours.token_ids) == n_new
+            checked["limit"] += 1
+    assert checked["stop"] >= 2 and checked["limit"] == 4, checked
+
+
+def _ref_config(dcfg):
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from dflash_jax.drafter_io import export_released
+    from dflash_jax.drafter import init_drafter_params
+
+    with tempfile.TemporaryDirectory() as d:
+        export_released(init_drafter_params(dcfg, seed=0), dcfg, Path(d) / "x")
+        return json.loads((Path(d) / "x" / "config.json").read_text())
+
+
+def test_speculative_batch_equals_each_prompt_alone(setup):
+    dec = _spec(setup, 8)
+    rs = np.random.RandomState(3)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (2, 33, 9)]
+    batch = dec.generate(prompts, 20, stop_token_ids=[7])
+    for p, r in zip(prompts, batch):
+        alone = dec.generate([p], 20, stop_token_ids=[7])[0]
+        assert (alone.token_ids, alone.acceptance_lengths) == (r.token_ids, r.acceptance_lengths)
