@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Greedy decoding with the target model in one jit-compiled loop.")
     _add_target(g)
     g.add_argument("--drafter", default="none",
-                   help="released-format drafter folder, 'random' (freshly initialised, seeded) or 'none' "
-                        "(plain autoregressive decoding = block size 1)")
+                   help="drafter folder (dflash-jax checkpoint or released format), 'random' (freshly "
+                        "initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)")
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
     g.add_argument("--seed", type=int, default=0, help="seed of --drafter random")
     prompt = g.add_mutually_exclusive_group(required=True)
@@ -47,6 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt to stdout")
+
+    e = sub.add_parser("export-drafter", help="dflash-jax drafter checkpoint -> released DFlash format",
+                       description="Write a drafter checkpoint (ours, orbax) in the released DFlash format "
+                                   "(config.json + model.safetensors) that dflash.model.DFlashDraftModel loads.")
+    e.add_argument("--drafter", metavar="DIR", required=True, help="dflash-jax drafter checkpoint folder")
+    e.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
+    e.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="tensor dtype written")
+    e.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+    i = sub.add_parser("import-drafter", help="released DFlash drafter -> dflash-jax drafter checkpoint",
+                       description="Read a released-format drafter (config.json + *.safetensors) into a "
+                                   "dflash-jax (orbax) drafter checkpoint; with --target, check that it fits "
+                                   "and record the target's identity.")
+    i.add_argument("--drafter", metavar="DIR", required=True, help="released-format drafter folder")
+    i.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
+    i.add_argument("--target", default=None, help="target checkpoint (or known name) to check the drafter against")
+    i.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
     d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code")
     _add_target(d)
@@ -175,10 +193,12 @@ def mask_token_id(tok) -> int:
 
 
 def load_drafter(spec: str, ck, tok, seed: int = 0):
-    """``none`` -> None; ``random`` -> a fresh 1-layer drafter (block 16); else a released-format folder.
+    """``none`` -> None; ``random`` -> a fresh 1-layer drafter (block 16); else a drafter folder
+    (ours or released format).
 
     Raises:
-      ValueError: the drafter does not fit the target (hidden size, vocabulary, layer count or ids).
+      ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
+        ids, or another target's identity).
     """
     from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
 
@@ -187,11 +207,42 @@ def load_drafter(spec: str, ck, tok, seed: int = 0):
     if spec == "random":
         cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=mask_token_id(tok))
         return init_drafter_params(cfg, seed), cfg
-    from dflash_jax.drafter_io import import_released
+    from dflash_jax.drafter_io import load_drafter as read
 
-    params, cfg, raw = import_released(spec)
-    check_fits(cfg, ck.cfg, (raw.get("dflash_config") or {}).get("target_identity"), ck.identity)
+    params, cfg, identity = read(spec)
+    check_fits(cfg, ck.cfg, identity, ck.identity)
     return params, cfg
+
+
+def cmd_export_drafter(args) -> None:
+    from dflash_jax.checkpoint import META_FILE, CheckpointError
+    from dflash_jax.drafter_io import DRAFTER_FORMAT, export_released, load_drafter as read
+    from dflash_jax.utils import log
+
+    if not (Path(args.drafter) / META_FILE).exists():
+        raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint ({DRAFTER_FORMAT}); "
+                              "a released-format folder needs no export")
+    params, cfg, identity = read(args.drafter)
+    out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
+    log(f"wrote released-format drafter {out} ({args.dtype})")
+
+
+def cmd_import_drafter(args) -> None:
+    from dflash_jax.drafter import check_fits
+    from dflash_jax.drafter_io import import_released, save_drafter
+    from dflash_jax.utils import log
+
+    params, cfg, raw = import_released(args.drafter)
+    identity = (raw.get("dflash_config") or {}).get("target_identity")
+    if args.target is not None:
+        from dflash_jax import checkpoint
+
+        ck = checkpoint.load_target(args.target)
+        check_fits(cfg, ck.cfg, identity, ck.identity)
+        identity = ck.identity
+    out = save_drafter(params, cfg, args.out, target_identity=identity, overwrite=args.overwrite,
+                       extra_meta={"imported_from": str(args.drafter)})
+    log(f"wrote dflash-jax drafter checkpoint {out}" + ("" if args.target else " (no --target: fit not checked)"))
 
 
 def cmd_demo(args) -> None:
@@ -220,7 +271,8 @@ def main(argv=None) -> None:
 
     args = build_parser().parse_args(argv)
     try:
-        {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo}[args.command](args)
+        {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
+         "import-drafter": cmd_import_drafter}[args.command](args)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 

@@ -108,3 +108,67 @@ def _check_shapes(params, cfg: DrafterConfig, folder: Path) -> None:
         if tuple(w.shape) != tuple(g.shape):
             raise CheckpointError(
                 f"drafter tensor {jax.tree_util.keystr(path)} in {folder} has shape {g.shape}, expected {w.shape}")
+
+
+# --- our own (orbax) drafter checkpoints ------------------------------------------------------
+
+DRAFTER_FORMAT = "dflash-jax-drafter"
+
+
+def save_drafter(params, cfg: DrafterConfig, out: str | Path, *, target_identity: dict | None = None,
+                 overwrite: bool = False, extra_meta: dict | None = None) -> Path:
+    """Write a drafter checkpoint: ``config.json`` (the released-format config), ``params/`` (orbax)
+    and ``dflash_jax.json`` (format, target identity). Atomic: a partial folder is never left at ``out``.
+
+    Only the drafter's own parameters are stored; the embedding and LM head stay in the target.
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    from dflash_jax.checkpoint import META_FILE
+
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    with atomic_folder(Path(out), overwrite) as tmp:
+        (tmp / "config.json").write_text(json.dumps(cfg.to_released(target_identity), indent=2))
+        ckptr = ocp.StandardCheckpointer()
+        ckptr.save((tmp / "params").resolve(), params)
+        ckptr.wait_until_finished()
+        meta = {"format": DRAFTER_FORMAT, "format_version": 1, "target_identity": target_identity,
+                **(extra_meta or {})}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+    return Path(out)
+
+
+def load_drafter(folder: str | Path, dtype: str = "float32"):
+    """Load a drafter from our orbax checkpoint **or** a released-format folder (detected by content).
+
+    Returns:
+      ``(params, DrafterConfig, target_identity or None)``; params are float32 numpy/jax arrays.
+
+    Raises:
+      CheckpointError: not a drafter folder, or missing/partial/mis-shaped tensors (named).
+      ConfigError: an unsupported or incomplete drafter config.
+    """
+    import jax
+
+    from dflash_jax.checkpoint import META_FILE, restore_params
+    from dflash_jax.drafter import init_drafter_params
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"drafter folder {folder} does not exist")
+    meta_path = folder / META_FILE
+    if not meta_path.exists():
+        if not (folder / "config.json").exists():
+            raise CheckpointError(f"{folder} is not a drafter: expected config.json plus model.safetensors "
+                                  f"(released format) or params/ and {META_FILE} (dflash-jax format)")
+        params, cfg, raw = import_released(folder, dtype)
+        return params, cfg, (raw.get("dflash_config") or {}).get("target_identity")
+    meta = read_json(meta_path)
+    if meta.get("format") != DRAFTER_FORMAT:
+        raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
+                              " (is this a target checkpoint? pass it as --target)")
+    cfg = DrafterConfig.from_released(read_json(folder / "config.json"), dtype=dtype)
+    abstract = jax.eval_shape(lambda: init_drafter_params(cfg))
+    params = restore_params(folder / "params", abstract)
+    return params, cfg, meta.get("target_identity")

@@ -246,3 +246,47 @@ def test_speculative_batch_equals_each_prompt_alone(setup):
     for p, r in zip(prompts, batch):
         alone = dec.generate([p], 20, stop_token_ids=[7])[0]
         assert (alone.token_ids, alone.acceptance_lengths) == (r.token_ids, r.acceptance_lengths)
+
+
+def test_drafter_checkpoint_round_trip_through_the_cli(setup, tmp_path, capsys):
+    """released -> import-drafter (orbax, fit checked) -> export-drafter -> released: same tensors,
+    same decode; a drafter for another target, or a target passed as drafter, is a clear error."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from dflash_jax.cli import main
+
+    _, ck, dcfg, dparams, _, _ = setup
+    export_released(dparams, dcfg, tmp_path / "rel")
+    main(["import-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "ours"),
+          "--target", str(ck.path)])
+    meta = json.loads((tmp_path / "ours" / "dflash_jax.json").read_text())
+    assert meta["format"] == "dflash-jax-drafter" and meta["target_identity"] == ck.identity
+    main(["export-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "back"),
+          "--dtype", "float32"])
+    a, b = load_file(str(tmp_path / "rel" / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+    outs = []
+    for d in ("rel", "ours", "back"):
+        main(["generate", "--target", str(ck.path), "--drafter", str(tmp_path / d), "--prompt", "t10 t11 t12",
+              "--max-new-tokens", "12", "--json"])
+        rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        outs.append((rec["token_ids"], rec["acceptance_lengths"]))
+    assert outs[0] == outs[1] == outs[2]
+
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    cfg["dflash_config"]["target_identity"] = {"config_sha256": "0" * 64}
+    (tmp_path / "ours" / "config.json").write_text(json.dumps(cfg))
+    meta["target_identity"] = {"config_sha256": "0" * 64}
+    (tmp_path / "ours" / "dflash_jax.json").write_text(json.dumps(meta))
+    for drafter, msg in ((tmp_path / "ours", "another target"), (ck.path, "target checkpoint"),
+                         (tmp_path / "nope", "does not exist")):
+        with pytest.raises(SystemExit) as e:
+            main(["generate", "--target", str(ck.path), "--drafter", str(drafter), "--prompt", "t10"])
+        assert msg in str(e.value)
+    with pytest.raises(SystemExit, match="needs no export"):
+        main(["export-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="exists"):
+        main(["import-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "back")])
