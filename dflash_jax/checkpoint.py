@@ -82,8 +82,11 @@ def tokenizer_hash(folder: Path) -> str:
 
 
 @contextlib.contextmanager
-def atomic_folder(out: Path, overwrite: bool = False):
+def atomic_folder(out: Path, overwrite: bool = False, marker: str = META_FILE):
     """Yield a scratch folder that becomes ``out`` only if the block finishes.
+
+    An existing ``out`` is replaced only with ``overwrite`` and only if it holds ``marker``
+    (a file dflash-jax writes) or is empty, so a user's own folder is never deleted.
 
     Raises:
       CheckpointError: ``out`` exists and ``overwrite`` is False.
@@ -91,7 +94,7 @@ def atomic_folder(out: Path, overwrite: bool = False):
     out = Path(out)
     if out.exists() and not overwrite:
         raise CheckpointError(f"{out} already exists; choose another --out or remove it")
-    if out.exists() and (not out.is_dir() or not ((out / META_FILE).exists() or (out / HF_MARKER).exists()
+    if out.exists() and (not out.is_dir() or not ((out / marker).exists() or (out / HF_MARKER).exists()
                                                    or not any(out.iterdir()))):
         raise CheckpointError(
             f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself")
@@ -234,8 +237,9 @@ def _abstract_params(cfg: TargetConfig, dtype, mesh=None):
 
     tokens = jnp.zeros((1, 1), jnp.int32)
     shapes = nn.meta.unbox(jax.eval_shape(lambda: Target(cfg).init(jax.random.PRNGKey(0), tokens, tokens)))["params"]
-    if mesh is None:
-        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), shapes)
+    if mesh is None:  # one device; a sharding makes orbax return device arrays, not numpy copies
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=one), shapes)
     from dflash_jax.sharding import logical_to_sharding
 
     shardings = logical_to_sharding(param_logical_specs(cfg), mesh)

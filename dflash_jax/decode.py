@@ -172,6 +172,11 @@ class GenerationResult:
         return float(np.mean(self.acceptance_lengths)) if self.acceptance_lengths else 0.0
 
 
+def _on_device(tree):
+    """``tree`` with numpy leaves moved to the default device (jax arrays are left where they are)."""
+    return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree)
+
+
 class Decoder:
     """Compiles and runs the loop for a target (and optional drafter), caching executables by shape.
 
@@ -195,14 +200,15 @@ class Decoder:
         """
         from dflash_jax.drafter import DrafterConfig, DraftStep
 
-        self.params, self.cfg = target_params, cfg
+        # Host (numpy) parameters would be copied to the device on every call: place them once.
+        self.params, self.cfg = _on_device(target_params), cfg
         self.drafter_params, self.drafter = None, None
         if drafter is None:
             if block_size not in (None, 1):
                 raise ValueError("block_size > 1 needs a drafter")
             self.block_size = 1
         else:
-            self.drafter_params, step = drafter
+            self.drafter_params, step = _on_device(drafter[0]), drafter[1]
             self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
             limit = self.drafter.max_block_size
             self.block_size = int(limit if block_size is None else block_size)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from dflash_jax import masks
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
 from dflash_jax.target import ConfigError, TargetConfig
 
@@ -304,29 +305,9 @@ def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg
 
 
 def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: int, block_valid: Array) -> list[Array]:
-    """Per-layer masks ``[B, T, S + T]`` for drafting a block at ``start`` over a context cache of length ``S``.
-
-    Context slot ``j`` (its absolute position) is visible iff ``j < start``; in a sliding layer also
-    ``j >= start + k - W + 1`` for block offset ``k``. Block keys: all offsets ``< block_valid``
-    (bidirectional) in full layers; offsets ``<= k`` and within the window in sliding layers.
-    """
-    k = jnp.arange(block_len)
-    j = jnp.arange(cache_len)
-    q_pos = start[:, None] + k  # [B, T]
-    ctx_full = j[None, None, :] < start[:, None, None]  # [B, 1, S]
-    blk_full = k[None, None, :] < block_valid[:, None, None]  # [B, 1, T]
-    masks = []
-    for layer_type in cfg.layer_types:
-        if layer_type == "full_attention":
-            ctx = jnp.broadcast_to(ctx_full, (start.shape[0], block_len, cache_len))
-            blk = jnp.broadcast_to(blk_full, (start.shape[0], block_len, block_len))
-        else:
-            w = cfg.sliding_window
-            ctx = ctx_full & (j[None, None, :] > q_pos[:, :, None] - w)
-            causal = (k[None, :] <= k[:, None]) & (k[:, None] - k[None, :] < w)
-            blk = blk_full & causal[None]
-        masks.append(jnp.concatenate([ctx, blk], axis=-1))
-    return masks
+    """Per-layer masks ``[B, T, S + T]`` for drafting a block at ``start``: ``masks.decode_masks``
+    with this drafter's layer types and window."""
+    return masks.decode_masks(cfg.layer_types, cfg.sliding_window, cache_len, start, block_len, block_valid)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -169,6 +169,8 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
         raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
                               " (is this a target checkpoint? pass it as --target)")
     cfg = DrafterConfig.from_released(read_json(folder / "config.json"), dtype=dtype)
-    abstract = jax.eval_shape(lambda: init_drafter_params(cfg))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one),
+                            jax.eval_shape(lambda: init_drafter_params(cfg)))
     params = restore_params(folder / "params", abstract)
     return params, cfg, meta.get("target_identity")

@@ -1,12 +1,19 @@
-"""Plain greedy decoding of SmolLM2-135M on this machine: dflash-jax against transformers `generate`.
+"""Decoding benchmarks of SmolLM2-135M on this machine (three suites, each in its own subprocess).
 
-Each implementation runs in its own subprocess (so peak memory is its own) on the same
-chat-formatted GSM8K test prompts, greedy, batch 1, exactly ``--new-tokens`` tokens
-(no stop token, so both do the same work). Reported per implementation:
-decode tokens/s (tokens 2..N, after the first), time to first token (prefill + first
-token), peak resident memory, and for ours the compile time (excluded from the rest).
+``vs-hf``: plain greedy decoding, dflash-jax against transformers ``generate``, on the same
+chat-formatted GSM8K test prompts, batch 1, exactly ``--new-tokens`` tokens (no stop token,
+so both do the same work): decode tokens/s (tokens 2..N), time to first token (prefill +
+first token), peak resident memory, and for ours the compile time (excluded from the rest).
+
+``round``: the cost of one speculative round (draft + verify + commit) in units of one plain
+autoregressive step, at block sizes 4, 8 and 16, with a freshly initialised 1-layer drafter.
+Shapes are static, so a round costs the same whatever the drafter accepts; the figure is
+(decode seconds / rounds) at block B over the same at block 1.
+
+``batch``: plain decoding throughput (all sequences together) at batch 1, 4 and 16.
 
     python launch/bench_decode.py --out docs/bench_decode.json      # or: make bench-decode
+    python launch/bench_decode.py --suite round                     # one suite
 """
 
 from __future__ import annotations
@@ -52,6 +59,56 @@ def run_jax(texts, n_new, batch):
     return rows, compile_s
 
 
+def run_round(texts, n_new, batch):
+    """Milliseconds per round at block sizes 1 (plain), 4, 8, 16; random 1-layer drafter."""
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.cli import encode, load_drafter
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import enable_compilation_cache
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    tok = ck.tokenizer()
+    ids = [encode(tok, t, chat=True) for t in texts]
+    drafter = load_drafter("random", ck, tok)
+    rows = []
+    for bs in (1, 4, 8, 16):
+        dec = Decoder(ck.params, ck.cfg, drafter=None if bs == 1 else drafter, block_size=bs)
+        compile_s = dec.generate(ids[:1], n_new)[0].compile_s
+        secs, rounds, tokens = 0.0, 0, 0
+        for p in ids:
+            r = dec.generate([p], n_new)[0]
+            secs, rounds, tokens = secs + r.decode_s, rounds + len(r.acceptance_lengths), tokens + r.num_output_tokens - 1
+        rows.append({"block_size": bs, "ms_per_round": 1e3 * secs / rounds, "tau": tokens / rounds,
+                     "compile_s": compile_s})
+    for r in rows:
+        r["round_cost_steps"] = r["ms_per_round"] / rows[0]["ms_per_round"]
+    return rows, 0.0
+
+
+def run_batch(texts, n_new, batch):
+    """Plain decoding throughput (tokens/s over all rows) at batch 1, 4, 16 on 16 prompts."""
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.cli import encode
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import enable_compilation_cache
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    tok = ck.tokenizer()
+    ids = [encode(tok, t, chat=True) for t in texts]
+    dec = Decoder(ck.params, ck.cfg)
+    rows = []
+    for b in (1, 4, 16):
+        compile_s = dec.generate(ids[:b], n_new)[0].compile_s
+        secs = 0.0
+        for i in range(0, len(ids), b):
+            secs += dec.generate(ids[i:i + b], n_new)[0].decode_s
+        rows.append({"batch": b, "decode_tok_s": len(ids) * (n_new - 1) / secs,
+                     "ms_per_step": 1e3 * secs / (len(ids) // b) / (n_new - 1), "compile_s": compile_s})
+    return rows, 0.0
+
+
 def run_hf(texts, n_new, batch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -81,29 +138,23 @@ def run_hf(texts, n_new, batch):
 
 def worker(args):
     texts = prompts(args.prompts)
-    rows, compile_s = (run_jax if args.impl == "jax" else run_hf)(texts, args.new_tokens, args.batch)
+    run = {"jax": run_jax, "hf": run_hf, "round": run_round, "batch": run_batch}[args.impl]
+    rows, compile_s = run(texts, args.new_tokens, args.batch)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"impl": args.impl, "batch": args.batch, "rows": rows, "compile_s": compile_s,
                       "peak_rss_mb": peak_mb}))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=5, help="GSM8K test prompts")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--out", default="docs/bench_decode.json")
-    ap.add_argument("--impl", choices=["jax", "hf"], help=argparse.SUPPRESS)
-    ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.impl:
-        return worker(args)
-    results = []
-    for impl, batch in (("jax", 1), ("hf", 1)):
-        cmd = [sys.executable, __file__, "--impl", impl, "--batch", str(batch), "--prompts", str(args.prompts),
-               "--new-tokens", str(args.new_tokens)]
-        print(f"running {impl} (batch {batch}) ...", file=sys.stderr, flush=True)
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        results.append(json.loads(out.strip().splitlines()[-1]))
+def _child(impl: str, prompts: int, new_tokens: int, batch: int = 1) -> dict:
+    cmd = [sys.executable, __file__, "--impl", impl, "--batch", str(batch), "--prompts", str(prompts),
+           "--new-tokens", str(new_tokens)]
+    print(f"running {impl} ...", file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def suite_vs_hf(args) -> dict:
+    results = [_child("jax", args.prompts, args.new_tokens), _child("hf", args.prompts, args.new_tokens)]
     lines = ["| implementation | batch | decode tokens/s (mean) | time to first token (s, mean) | peak RSS (MB) | compile (s) |",
              "|---|---|---|---|---|---|"]
     for r in results:
@@ -114,12 +165,52 @@ def main():
         lines.append(f"| {name} | {r['batch']} | {tps:.1f} | {ttft:.3f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |")
     ratio = results[0]["decode_tok_s_mean"] / results[1]["decode_tok_s_mean"]
     lines.append(f"\nratio ours / transformers (decode tokens/s): {ratio:.2f}x")
-    table = "\n".join(lines)
-    print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                                          "prompts": args.prompts, "new_tokens": args.new_tokens,
-                                          "results": results, "ratio": ratio, "table": table}, indent=1))
+    return {"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results, "ratio": ratio,
+            "table": "\n".join(lines)}
+
+
+def suite_round(args) -> dict:
+    r = _child("round", args.prompts, args.new_tokens)
+    lines = ["| block size | ms per round | round cost (plain steps) | tau (random drafter) | compile (s) |",
+             "|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['block_size']} | {x['ms_per_round']:.1f} | {x['round_cost_steps']:.2f} | "
+                     f"{x['tau']:.2f} | {x['compile_s']:.1f} |")
+    return {"prompts": args.prompts, "new_tokens": args.new_tokens, "rows": r["rows"], "table": "\n".join(lines)}
+
+
+def suite_batch(args) -> dict:
+    r = _child("batch", 16, 64)
+    lines = ["| batch | decode tokens/s (all rows) | ms per step | compile (s) |", "|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['batch']} | {x['decode_tok_s']:.1f} | {x['ms_per_step']:.1f} | {x['compile_s']:.1f} |")
+    return {"prompts": 16, "new_tokens": 64, "rows": r["rows"], "table": "\n".join(lines)}
+
+
+SUITES = {"vs-hf": suite_vs_hf, "round": suite_round, "batch": suite_batch}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=["all", *SUITES], default="all")
+    ap.add_argument("--prompts", type=int, default=5, help="GSM8K test prompts (vs-hf and round suites)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--out", default="docs/bench_decode.json", help="JSON file; suites run now replace their entry")
+    ap.add_argument("--impl", choices=["jax", "hf", "round", "batch"], help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.impl:
+        return worker(args)
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {}
+    report.pop("results", None), report.pop("table", None), report.pop("ratio", None)  # the old single-suite layout
+    report["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    for name in SUITES if args.suite == "all" else [args.suite]:
+        report[name] = SUITES[name](args)
+        report[name]["date"] = time.strftime("%Y-%m-%d")
+        print(f"\n## {name}\n{report[name]['table']}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+"""The DFlash training objective (SPEC "Training" 3-6): random anchors, blocks, decayed loss.
+
+For every sequence of a batch:
+
+1. the frozen target runs the clean sequence once; its tapped layer outputs are fused into
+   one context vector per position (``Drafter.fuse``), whose K/V every drafter layer reads;
+2. ``sample_anchors`` draws up to ``num_anchors`` anchor positions ``p`` (``p`` and ``p+1``
+   supervised; uniform without replacement; sorted); block ``j`` is
+   ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``;
+3. block offset ``k >= 1`` predicts ``x_{p+k}``; the loss weight is
+   ``w_k = exp(-(k-1)/gamma)``, zero for offset 0, padding blocks, labels past the end or
+   outside the response;
+4. the blocks go through the drafter a chunk of anchors at a time (``lax.map`` under
+   ``jax.checkpoint``), with the masks of ``dflash_jax.masks``, so memory grows linearly
+   with the number of anchors and no ``[queries, keys]`` mask over all blocks is built.
+
+``block_loss`` returns **sums** (weighted cross-entropy, weights, per-offset counts), so the
+caller normalises by the weight sum of the whole global batch (all devices, all
+accumulation steps), as SPEC 6 asks.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dflash_jax import masks as masks_lib
+from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, draft_logits
+from dflash_jax.target import Target, TargetConfig
+
+Array = jax.Array
+
+
+class Anchors(NamedTuple):
+    positions: Array  # int32 [b, A], sorted; padding blocks repeat position 0
+    valid: Array  # bool [b, A]; False = padding block (no valid position left)
+
+
+def sample_anchors(rng: Array, loss_mask: Array, num_anchors: int) -> Anchors:
+    """Up to ``num_anchors`` anchors per row, uniform without replacement among positions ``p``
+    with ``loss_mask[p] & loss_mask[p + 1]``, sorted ascending (SPEC "Training" 3).
+
+    Args:
+      rng: a PRNG key (fresh every step).
+      loss_mask: bool ``[b, T]``, True on supervised (response) tokens.
+      num_anchors: static ``A``; rows with fewer valid positions get padding blocks.
+    Returns:
+      ``Anchors`` with ``[b, A]`` arrays.
+    """
+    b, t = loss_mask.shape
+    ok = loss_mask[:, :-1] & loss_mask[:, 1:]  # [b, T-1]: p and p+1 supervised
+    keys = jax.random.uniform(rng, ok.shape)
+    keys = jnp.where(ok, keys, 2.0)  # invalid positions sort last
+    k = min(num_anchors, t - 1)
+    _, idx = jax.lax.top_k(-keys, k)  # the k smallest keys: a uniform sample without replacement
+    valid = jnp.take_along_axis(ok, idx, axis=1)
+    pos = jnp.where(valid, idx, t)  # padding sorts after every real anchor
+    order = jnp.argsort(pos, axis=1)
+    pos, valid = jnp.take_along_axis(pos, order, 1), jnp.take_along_axis(valid, order, 1)
+    pos = jnp.where(valid, pos, 0).astype(jnp.int32)
+    if k < num_anchors:  # sequences shorter than A: pad to the static size
+        pad = num_anchors - k
+        pos = jnp.pad(pos, ((0, 0), (0, pad)))
+        valid = jnp.pad(valid, ((0, 0), (0, pad)))
+    return Anchors(pos, valid)
+
+
+def offset_weights(block_size: int, gamma: float) -> Array:
+    """``w_k = exp(-(k-1)/gamma)`` for offsets ``k = 1..B-1``; ``w_0 = 0`` (float32 ``[B]``)."""
+    k = jnp.arange(block_size, dtype=jnp.float32)
+    return jnp.where(k >= 1, jnp.exp(-(k - 1) / gamma), 0.0)
+
+
+def block_labels(tokens: Array, loss_mask: Array, anchors: Anchors, block_size: int) -> tuple[Array, Array]:
+    """Labels ``x_{p+k}`` ``[b, A, B]`` and where they count (offset >= 1, inside the sequence,
+    a response token, a real block)."""
+    t = tokens.shape[1]
+    pos = anchors.positions[:, :, None] + jnp.arange(block_size)  # [b, A, B]
+    inside = pos < t
+    safe = jnp.minimum(pos, t - 1)
+    labels = jnp.take_along_axis(tokens[:, None, :], safe, axis=2)
+    supervised = jnp.take_along_axis(loss_mask[:, None, :], safe, axis=2)
+    use = inside & supervised & anchors.valid[:, :, None] & (jnp.arange(block_size) >= 1)
+    return labels, use
+
+
+class BlockStats(NamedTuple):
+    """Sums over a batch (normalise by ``weight``): all float32."""
+
+    loss: Array  # scalar: sum of w_k * CE over counted labels
+    weight: Array  # scalar: sum of w_k over counted labels
+    count: Array  # [B]: counted labels per offset
+    correct: Array  # [B]: argmax == label per offset
+    prefix: Array  # scalar: sum over real blocks of the number of leading correct offsets
+    blocks: Array  # scalar: real blocks
+
+
+def context_kv(drafter_params, feats: Array, cfg: DrafterConfig):
+    """Per-layer context K/V ``[b, T, KV, D]`` of target features ``[b, T, n_taps * d]`` at 0..T-1."""
+    model = Drafter(cfg)
+    ctx = model.apply({"params": drafter_params}, feats, method=Drafter.fuse)
+    positions = jnp.broadcast_to(jnp.arange(feats.shape[1]), feats.shape[:2])
+    return model.apply({"params": drafter_params}, ctx, positions, method=Drafter.context_kv)
+
+
+def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: Anchors, *,
+                 tcfg: TargetConfig, cfg: DrafterConfig) -> Array:
+    """Draft logits ``[b, A, B, V]`` (float32) of the blocks at ``anchors`` (all at once).
+
+    This is the training forward for a group of blocks; ``block_loss`` calls it per chunk.
+    """
+    b, a = anchors.positions.shape
+    bs, t = cfg.block_size, tokens.shape[1]
+    first = jnp.take_along_axis(tokens, anchors.positions, axis=1)  # x_p
+    block = jnp.full((b, a, bs), cfg.mask_token_id, jnp.int32).at[:, :, 0].set(first)
+    emb = block_embeddings(block.reshape(b, a * bs), target_params, tcfg, cfg)
+    positions = (anchors.positions[:, :, None] + jnp.arange(bs)).reshape(b, a * bs)
+    layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions,
+                                           anchors.valid, bs)
+    hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks)
+    return draft_logits(hidden, target_params, tcfg, cfg).reshape(b, a, bs, -1)
+
+
+def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, anchors: Anchors, *,
+               tcfg: TargetConfig, cfg: DrafterConfig, gamma: float, anchor_chunk: int = 16) -> BlockStats:
+    """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
+
+    Args:
+      drafter_params: the drafter's trainable parameters.
+      target_params: the frozen target's parameters (features, shared embedding and LM head).
+      tokens: int32 ``[b, T]``; loss_mask: bool ``[b, T]`` (response tokens).
+      anchors: from ``sample_anchors``; ``A`` must be a multiple of ``anchor_chunk``.
+      gamma: loss decay (SPEC: 7 for block size 16).
+      anchor_chunk: anchors processed together; bounds activation memory.
+    Returns:
+      ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
+    """
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    _, feats, _ = Target(tcfg).apply({"params": target_params}, tokens, positions, None, cfg.target_layer_ids)
+    feats = jax.lax.stop_gradient(feats)
+    ctx_kv = context_kv(drafter_params, feats, cfg)
+    labels, use = block_labels(tokens, loss_mask, anchors, cfg.block_size)
+    w = offset_weights(cfg.block_size, gamma)
+    a = anchors.positions.shape[1]
+    if a % anchor_chunk:
+        raise ValueError(f"num_anchors ({a}) must be a multiple of anchor_chunk ({anchor_chunk})")
+    n = a // anchor_chunk
+
+    def split(x):  # [b, A, ...] -> [n, b, chunk, ...]
+        return jnp.moveaxis(x.reshape(b, n, anchor_chunk, *x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def chunk(args):
+        pos, valid, lab, u = args
+        logits = block_logits(drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg)
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        uf = u.astype(jnp.float32)
+        right = (jnp.argmax(logits, -1) == lab) & u
+        # leading correct offsets (1..B-1) of each real block: its acceptance length minus the bonus
+        lead = jnp.cumprod((right | (jnp.arange(cfg.block_size) == 0)).astype(jnp.int32), axis=-1)[..., 1:].sum(-1)
+        return (jnp.sum(ce * uf * w), jnp.sum(uf * w), uf.sum((0, 1)), right.astype(jnp.float32).sum((0, 1)),
+                jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32), valid.sum().astype(jnp.float32))
+
+    parts = jax.lax.map(chunk, (split(anchors.positions), split(anchors.valid), split(labels), split(use)))
+    return BlockStats(*(x.sum(0) for x in parts))
+
+
+def tau_estimate(count: Array, correct: Array) -> Array:
+    """Acceptance length implied by per-offset accuracies: ``1 + sum_k prod_{j<=k} acc_j``
+    (independence assumption; offsets 1..B-1, offset 0 ignored)."""
+    acc = jnp.where(count[1:] > 0, correct[1:] / jnp.maximum(count[1:], 1), 0.0)
+    return 1.0 + jnp.sum(jnp.cumprod(acc))

@@ -1,0 +1,382 @@
+"""The drafter trainer: ``dflash-jax train --config configs/NAME.py [key=value ...]``.
+
+Read top to bottom: ``Trainer.__init__`` loads the frozen target, the data and the drafter
+config and restores the last checkpoint if there is one; ``train_step`` is the jitted update
+(anchors for every accumulation step are drawn first, so the loss is normalised by the weight
+sum of the whole global batch, SPEC "Training" 6); ``Trainer.run`` loops with a progress bar,
+logs JSONL metrics, validates, checkpoints (orbax, atomic, keep-last-N) and writes the best
+drafter by validation loss. A killed run restarted with the same command continues from its
+last checkpoint with bitwise-identical losses: the batch of step ``s`` is ``dataset[s]``
+(random-access grain), the anchors of step ``s`` come from ``fold_in(rng, s)``, and the
+parameters and optimiser state are restored exactly.
+
+Only the drafter's layers, ``fc`` and norms train; the target (and with it the shared
+embedding and LM head) is frozen and stored once, in the target checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dflash_jax import loss as loss_lib
+from dflash_jax.checkpoint import CheckpointError
+from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
+from dflash_jax.target import ConfigError, TargetConfig
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] = ()):
+    """``get_config()`` of a Python config file, then ``key.sub=value`` overrides (typed like the default).
+
+    Raises:
+      ConfigError: no such file, no ``get_config``, an unknown key or a value of the wrong type.
+    """
+    import ast
+    import importlib.util
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no config file {path} (see configs/ for examples)")
+    spec = importlib.util.spec_from_file_location(f"dflash_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path} has no get_config() function")
+    cfg = module.get_config()
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ConfigError(f"override {item!r} is not key=value")
+        node, *_ = cfg, None
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if p not in node:
+                raise ConfigError(f"unknown config key {key!r}")
+            node = node[p]
+        if parts[-1] not in node:
+            raise ConfigError(f"unknown config key {key!r}; keys here: {sorted(node.keys())}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw  # a bare string
+        old = node[parts[-1]]
+        if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if old is not None and value is not None and type(old) is not type(value):
+            raise ConfigError(f"{key}: expected {type(old).__name__}, got {raw!r}")
+        node[parts[-1]] = value
+    return cfg
+
+
+def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
+    """The ``DrafterConfig`` a training config asks for, checked against the target."""
+    from dflash_jax.cli import mask_token_id
+
+    d = c.drafter
+    mask = d.mask_token_id if d.mask_token_id is not None else mask_token_id(tokenizer)
+    kw: dict[str, Any] = {}
+    if d.target_layer_ids:
+        kw["target_layer_ids"] = tuple(d.target_layer_ids)
+    if d.layer_types:
+        kw["layer_types"] = tuple(d.layer_types)
+        kw["sliding_window"] = d.sliding_window
+    cfg = DrafterConfig.for_target(target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask,
+                                   dtype=c.train.compute_dtype, **kw)
+    check_fits(cfg, target)
+    if not 0 <= mask < target.vocab_size:
+        raise ConfigError(f"drafter.mask_token_id {mask} is outside the target's vocabulary")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- the update
+
+
+def make_optimizer(t) -> optax.GradientTransformation:
+    """AdamW with linear warmup then cosine decay to 0, after global-norm clipping (SPEC "Training" 7)."""
+    warmup = max(1, int(round(t.warmup_frac * t.steps)))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1),
+                                                  end_value=0.0)
+    return optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                       optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay))
+
+
+def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
+               anchor_chunk):
+    """One optimiser update over ``accum`` micro-batches.
+
+    Args:
+      batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``.
+      rng: the step's key (``fold_in(run_key, step)``).
+    Returns:
+      ``(params, opt_state, metrics)``; metrics are float32 scalars / ``[B]`` arrays.
+    """
+    accum = batch["tokens"].shape[0]
+    keys = jax.random.split(rng, accum)
+    anchors = jax.vmap(loss_lib.sample_anchors, (0, 0, None))(keys, batch["loss_mask"], num_anchors)
+    w = loss_lib.offset_weights(dcfg.block_size, gamma)
+    _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(batch["tokens"], batch["loss_mask"], anchors,
+                                                               dcfg.block_size)
+    total_weight = jnp.maximum(jnp.sum(use * w), 1e-6)  # the whole global batch, every micro-batch
+
+    def micro(carry, xs):
+        grads, stats = carry
+        tokens, mask, anc = xs
+
+        def objective(p):
+            s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
+                                    anchor_chunk=anchor_chunk)
+            return s.loss / total_weight, s
+
+        (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
+        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, stats, s)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    stats0 = loss_lib.BlockStats(*(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,),
+                                                                         (dcfg.block_size,), (), ())))
+    (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), (batch["tokens"], batch["loss_mask"], anchors))
+    updates, opt_state = opt.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, summarise(stats) | {"grad_norm": optax.global_norm(grads)}
+
+
+def summarise(s: loss_lib.BlockStats) -> dict:
+    """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``."""
+    acc = s.correct / jnp.maximum(s.count, 1.0)
+    return {"loss": s.loss / jnp.maximum(s.weight, 1e-6), "acc": acc,
+            "tau_est": loss_lib.tau_estimate(s.count, s.correct),
+            "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0)}
+
+
+def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk):
+    anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
+    return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
+                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def fingerprint(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Trainer:
+    """A training run in ``c.out_dir``: ``ckpt/`` (orbax, last N states), ``metrics.jsonl``,
+    ``best/`` (drafter with the lowest validation loss), ``drafter/`` (final drafter), both in
+    the dflash-jax drafter format that ``dflash-jax generate --drafter`` loads.
+
+    Raises (on construction):
+      ConfigError: the config does not fit the target (block size, layer ids, mask token).
+      CheckpointError / DataError: unreadable target or data, data for another tokenizer, or a
+        checkpoint in ``out_dir`` from another model, data or config (nothing is overwritten).
+    """
+
+    def __init__(self, c, log=print):
+        from dflash_jax import checkpoint, data
+        from dflash_jax.utils import enable_compilation_cache
+
+        enable_compilation_cache()
+        self.c, self.log = c, log
+        t = c.train
+        self.out = Path(c.out_dir)
+        self.target = checkpoint.load_target(c.target, dtype=t.compute_dtype)
+        self.tcfg = self.target.cfg
+        tok = self.target.tokenizer()
+        self.dcfg = drafter_config(c, self.tcfg, tok)
+        if t.num_anchors % t.anchor_chunk:
+            raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
+                              f"({t.anchor_chunk})")
+        self.ds = data.TokenDataset(c.data)
+        self.ds.check_vocab(self.tcfg.vocab_size)
+        want = self.ds.meta.get("tokenizer_sha256")
+        if want and want != self.target.identity["tokenizer_sha256"]:
+            raise data.DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
+        self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed)
+        micro = t.batch_size // t.grad_accum
+        if micro * t.grad_accum != t.batch_size:
+            raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
+        self.batches = data.batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len, seed=c.seed)
+        self.opt = make_optimizer(t)
+        self.identity = {
+            "target": self.target.identity, "data": {k: self.ds.meta.get(k) for k in ("num_sequences", "num_tokens",
+                                                                                       "tokenizer_sha256", "source")},
+            "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
+        }
+        self.run_id = fingerprint(self.identity)
+        kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
+                  anchor_chunk=t.anchor_chunk)
+        self._step = jax.jit(partial(train_step, opt=self.opt, **kw), donate_argnums=(0, 1))
+        self._eval = jax.jit(partial(eval_stats, **kw))
+        self.rng = jax.random.PRNGKey(c.seed)
+        self.params = init_drafter_params(self.dcfg, seed=c.seed)
+        self.opt_state = self.opt.init(self.params)
+        self.step = 0
+        self.best = math.inf
+        self.ckpt = self._manager()
+        self._restore()
+
+    # -- checkpoints
+    def _manager(self):
+        import orbax.checkpoint as ocp
+
+        opts = ocp.CheckpointManagerOptions(max_to_keep=self.c.ckpt.keep, create=True,
+                                            enable_async_checkpointing=False)
+        return ocp.CheckpointManager((self.out / "ckpt").resolve(), options=opts)
+
+    def _state(self):
+        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step), "rng": self.rng}
+
+    def save(self):
+        import orbax.checkpoint as ocp
+
+        meta = {"run_id": self.run_id, "identity": self.identity, "step": self.step, "data_position": self.step,
+                "best_val_loss": self.best}
+        self.ckpt.save(self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(self._state()),
+                                                          meta=ocp.args.JsonSave(meta)))
+        self.ckpt.wait_until_finished()
+
+    def _restore(self):
+        import orbax.checkpoint as ocp
+
+        last = self.ckpt.latest_step()
+        if last is None:
+            return
+        meta = self.ckpt.restore(last, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if meta.get("run_id") != self.run_id:
+            old = meta.get("identity", {})
+            diff = sorted(k for k in set(old) | set(self.identity)
+                          if json.dumps(old.get(k), sort_keys=True, default=str)
+                          != json.dumps(self.identity.get(k), sort_keys=True, default=str))
+            raise CheckpointError(
+                f"{self.out / 'ckpt'} holds a run with another {', '.join(diff) or 'setup'}; pass another out_dir "
+                "(or remove that folder) to start a new run; nothing was changed")
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), self._state())
+        state = self.ckpt.restore(last, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+        self.params, self.opt_state, self.rng = state["params"], state["opt_state"], state["rng"]
+        self.step, self.best = int(state["step"]), float(meta.get("best_val_loss", math.inf))
+        self.log(f"resumed {self.out} at step {self.step}")
+
+    # -- metrics log: entries past the resumed step (written after the last checkpoint) are dropped
+    def _open_log(self):
+        path = self.out / "metrics.jsonl"
+        keep = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill
+                if rec.get("step", 0) <= self.step:
+                    keep.append(line)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, path)
+        return open(path, "a")
+
+    # -- validation
+    def validate(self) -> dict:
+        c = self.c
+        from dflash_jax.data import PaddedSource
+
+        src = PaddedSource(self.ds, self.val_idx, c.train.max_len)
+        total = None
+        b = c.train.batch_size // c.train.grad_accum
+        for i in range(0, len(src) - b + 1, b):
+            rows = [src[j] for j in range(i, i + b)]
+            batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+            s = self._eval(self.params, self.target.params, batch, jax.random.PRNGKey(c.seed + 1))
+            total = s if total is None else jax.tree.map(jnp.add, total, s)
+        out = {f"val_{k}": v for k, v in summarise(total).items()} if total is not None else {}
+        if c.eval.decode_prompts:
+            out["val_decode_tau"] = self.decode_tau(c.eval.decode_prompts, c.eval.decode_max_new_tokens)
+        return out
+
+    def decode_tau(self, n: int, max_new: int) -> float:
+        """Real speculative decoding of ``n`` validation prompts (prompt = tokens before the response)."""
+        from dflash_jax.decode import Decoder
+
+        if not hasattr(self, "_decoder"):
+            self._decoder = Decoder(self.target.params, self.tcfg, drafter=(self.params, self.dcfg))
+        self._decoder.drafter_params = self.params
+        lengths = []
+        for j in self.val_idx[:n]:
+            tok, mask = self.ds[int(j)]
+            first = int(np.argmax(mask)) if mask.any() else len(tok)
+            if first == 0:
+                continue
+            r = self._decoder.generate([tok[:first].tolist()], max_new)[0]
+            lengths += r.acceptance_lengths
+        return float(np.mean(lengths)) if lengths else float("nan")
+
+    def export(self, name: str):
+        from dflash_jax.drafter_io import save_drafter
+
+        return save_drafter(self.params, self.dcfg, self.out / name, target_identity=self.target.identity,
+                            overwrite=True, extra_meta={"step": self.step, "run_id": self.run_id})
+
+    # -- the loop
+    def run(self, stop_after: int | None = None):
+        """Train until ``train.steps`` (or ``stop_after`` more steps); returns the last metrics."""
+        from tqdm import tqdm
+
+        c, t = self.c, self.c.train
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(c.to_dict(), indent=2))
+        end = t.steps if stop_after is None else min(t.steps, self.step + stop_after)
+        logf = self._open_log()
+        last: dict = {}
+        bar = tqdm(total=t.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        accum, micro = t.grad_accum, t.batch_size // t.grad_accum
+        while self.step < end:
+            b = self.batches[self.step]
+            batch = {k: v.reshape(accum, micro, *v.shape[1:]) for k, v in b.items()}
+            t0 = time.perf_counter()
+            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params, batch,
+                                                        jax.random.fold_in(self.rng, self.step))
+            m = jax.device_get(m)
+            dt = time.perf_counter() - t0
+            self.step += 1
+            rec = {"step": self.step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                   "tau_est": float(m["tau_est"]), "tau_blocks": float(m["tau_blocks"]),
+                   "acc": [float(x) for x in m["acc"][1:]], "lr": float(self._lr(self.step - 1)),
+                   "step_s": dt}
+            if self.step % c.eval.every == 0 or self.step == t.steps:
+                val = self.validate()
+                rec |= {k: (float(v) if np.ndim(v) == 0 else [float(x) for x in v[1:]]) for k, v in val.items()}
+                if "val_loss" in rec and rec["val_loss"] < self.best:
+                    self.best = rec["val_loss"]
+                    self.export("best")
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc1=f"{rec['acc'][0]:.2f}", tau=f"{rec['tau_est']:.2f}")
+            bar.update(1)
+            if self.step % c.ckpt.every == 0 or self.step == t.steps:
+                self.save()
+            last = rec
+        bar.close()
+        logf.close()
+        if self.step == t.steps:
+            self.log(f"wrote final drafter {self.export('drafter')}")
+        return last
+
+    def _lr(self, step: int) -> float:
+        t = self.c.train
+        warmup = max(1, int(round(t.warmup_frac * t.steps)))
+        return float(optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup, max(t.steps, warmup + 1), 0.0)(step))
