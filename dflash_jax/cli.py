@@ -66,6 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--target", default=None, help="target checkpoint (or known name) to check the drafter against")
     i.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
+    m = sub.add_parser("make-data", help="training data: the target's own responses to prompts",
+                       description="Regenerate responses to user prompts with the target itself (greedy, chat "
+                                   "template) and write a token dataset (tokens + loss mask on the response).")
+    _add_target(m)
+    m.add_argument("--prompts", metavar="FILE", required=True, nargs="+",
+                   help="JSONL or JSON-list files with prompt/question/problem/instruction fields")
+    m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (must not exist unless --overwrite)")
+    m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
+    m.add_argument("--max-new-tokens", type=int, default=256)
+    m.add_argument("--batch-size", type=int, default=16)
+    m.add_argument("--overwrite", action="store_true")
+
+    t = sub.add_parser("train", help="train a DFlash drafter from a config file",
+                       description="Train a DFlash drafter for a target (configs/*.py). A run resumes from the "
+                                   "last checkpoint in its out_dir; override config fields with key=value.")
+    t.add_argument("--config", required=True, metavar="FILE", help="Python config file with get_config()")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=500 data=data/x")
+
     d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code")
     _add_target(d)
     d.add_argument("--prompt", default="What is the capital of France, and why is it famous?")
@@ -245,6 +263,39 @@ def cmd_import_drafter(args) -> None:
     log(f"wrote dflash-jax drafter checkpoint {out}" + ("" if args.target else " (no --target: fit not checked)"))
 
 
+def cmd_make_data(args) -> None:
+    from dflash_jax import data
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import log
+
+    texts = [p for f in args.prompts for p in data.read_prompt_file(f, args.limit)]
+    ck, tok = _load(args)
+    ids = [encode(tok, t, chat=True) for t in texts]
+    t0 = time.perf_counter()
+    seqs, masks = data.regenerate(Decoder(ck.params, ck.cfg), ids, max_new_tokens=args.max_new_tokens,
+                                  batch_size=args.batch_size, stop_ids=stop_ids(tok))
+    keep = [i for i, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer cannot hold an anchor
+    out = data.write_dataset(args.out, [seqs[i] for i in keep], [masks[i] for i in keep], overwrite=args.overwrite,
+                             meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"], "target": ck.identity,
+                                   "source": [str(f) for f in args.prompts], "generation": {
+                                       "mode": "greedy", "max_new_tokens": args.max_new_tokens, "chat": True}})
+    n_tok = sum(len(s) for s in seqs)
+    log(f"wrote {out}: {len(keep)} sequences ({len(seqs) - len(keep)} dropped), {n_tok} tokens in "
+        f"{time.perf_counter() - t0:.0f} s")
+
+
+def cmd_train(args) -> None:
+    from dflash_jax.train import Trainer, load_config
+    from dflash_jax.utils import log
+
+    c = load_config(args.config, args.overrides)
+    trainer = Trainer(c, log=log)
+    last = trainer.run()
+    if last:
+        log(f"step {trainer.step}: loss {last['loss']:.4f}, tau estimate {last['tau_est']:.2f}; "
+            f"metrics in {trainer.out / 'metrics.jsonl'}")
+
+
 def cmd_demo(args) -> None:
     from dflash_jax.decode import Decoder
 
@@ -272,7 +323,7 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
         {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
-         "import-drafter": cmd_import_drafter}[args.command](args)
+         "import-drafter": cmd_import_drafter, "make-data": cmd_make_data, "train": cmd_train}[args.command](args)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 

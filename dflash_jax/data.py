@@ -160,3 +160,61 @@ def batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: 
 
     src = PaddedSource(ds, indices, max_len, pad_id)
     return grain.MapDataset.source(src).shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True)
+
+
+# ----------------------------------------------------------------------------- making data
+
+
+def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
+    """User prompts from a JSONL file or a JSON list: the field ``prompt``, ``question``,
+    ``problem`` or ``instruction`` (+ ``input`` when non-empty), in that order of preference.
+
+    Raises:
+      DataError: unreadable file, or a row with none of those fields (its number is named).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read prompts from {path}: {e}") from None
+    try:
+        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} is neither JSONL nor a JSON list: {e}") from None
+    out = []
+    for n, row in enumerate(rows[:limit] if limit else rows, 1):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {n} is not a JSON object")
+        for key in ("prompt", "question", "problem", "instruction"):
+            if isinstance(row.get(key), str) and row[key].strip():
+                p = row[key]
+                if key == "instruction" and isinstance(row.get("input"), str) and row["input"].strip():
+                    p = f"{p}\n\n{row['input']}"
+                out.append(p)
+                break
+        else:
+            raise DataError(f"{path}: row {n} has no 'prompt', 'question', 'problem' or 'instruction' text")
+    return out
+
+
+def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int,
+               stop_ids: Sequence[int] = (), progress: bool = True):
+    """The target's own greedy responses to token-id ``prompts`` (SPEC "Training" 1).
+
+    Returns:
+      ``(sequences, loss_masks)``: prompt + response token ids, and True exactly on the response
+      (the stop token, when produced, is part of the response).
+    """
+    from tqdm import tqdm
+
+    order = np.argsort([len(p) for p in prompts])  # similar lengths share a batch: less padding
+    seqs: list = [None] * len(prompts)
+    bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress)
+    for i in range(0, len(order), batch_size):
+        idx = order[i: i + batch_size]
+        results = decoder.generate([prompts[j] for j in idx], max_new_tokens, stop_ids)
+        for j, r in zip(idx, results):
+            seqs[j] = (list(prompts[j]), r.token_ids)
+        bar.update(len(idx))
+    bar.close()
+    return [p + r for p, r in seqs], [[False] * len(p) + [True] * len(r) for p, r in seqs]

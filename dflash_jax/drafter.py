@@ -88,6 +88,13 @@ class DrafterConfig:
         if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
             raise ConfigError(
                 f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and in [0, {self.num_target_layers})")
+        if self.num_target_layers - 1 in self.target_layer_ids:
+            import warnings
+
+            warnings.warn(
+                f"target_layer_ids taps the last target layer ({self.num_target_layers - 1}); dflash-jax feeds its raw "
+                "output (SPEC), but dflash==0.1.0 reads Hugging Face hidden_states[L], which is after the final "
+                "norm, so this drafter will not behave the same there; the default ids never tap it", stacklevel=2)
 
     @property
     def compute_dtype(self):
@@ -346,15 +353,19 @@ class DraftStep:
         kv = model.apply({"params": params}, ctx, positions, method=Drafter.context_kv)
         return [(write_block(ck, k, start), write_block(cv, v, start)) for (ck, cv), (k, v) in zip(cache, kv)]
 
-    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
-        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``."""
+    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
+        """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``."""
         b = anchor.shape[0]
         block = jnp.full((b, block_len), self.cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
         masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
         positions = start[:, None] + jnp.arange(block_len)
         hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
-        logits = draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
+        return draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
+
+    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
+        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``."""
+        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 

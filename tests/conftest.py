@@ -2,6 +2,7 @@ import os
 
 # Eight simulated CPU devices for the mesh tests; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars off in test logs
 
 import sys
 from pathlib import Path

@@ -33,11 +33,11 @@ def tiny_tokenizer(vocab_size: int):
     return tok
 
 
-def make_hf_model(family: str, folder: Path, seed: int = 0, **overrides):
+def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **overrides):
     """Save a random tiny ``family`` model (llama/qwen2/qwen3) with a tokenizer to ``folder``.
 
-    Weights are drawn with std 0.2 (not HF's 0.02) so logits are far from uniform and
-    argmax ties are improbable. Returns the torch model (float32, eval mode).
+    Weights are drawn with std 0.2 by default (not HF's 0.02) so logits are far from uniform
+    and argmax ties are improbable. Returns the torch model (float32, eval mode).
     """
     import torch
     import transformers
@@ -53,7 +53,7 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, **overrides):
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_(0.2 * torch.randn_like(p))
+                p.copy_(std * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
     tiny_tokenizer(kw["vocab_size"]).save_pretrained(folder)
     return model

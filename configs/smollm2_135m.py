@@ -1,0 +1,51 @@
+"""Train a DFlash drafter for the embedded SmolLM2-135M-Instruct on this kind of machine (CPU).
+
+    dflash-jax train --config configs/smollm2_135m.py data=data/smollm2 train.steps=2000
+
+Data: a token dataset made by ``dflash-jax make-data`` (the target's own responses).
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.target = "smollm2-135m-instruct"  # a converted checkpoint folder or a known name
+    c.data = "data/smollm2"  # token dataset folder (dflash-jax make-data)
+    c.out_dir = "runs/smollm2_135m"
+    c.seed = 0
+
+    c.drafter = ConfigDict()
+    c.drafter.num_layers = 1
+    c.drafter.block_size = 16
+    c.drafter.mask_token_id = None  # None: an unused special token of the tokenizer (<empty_output> for SmolLM2)
+    c.drafter.target_layer_ids = ()  # () = the SPEC default for num_layers
+    c.drafter.layer_types = ()  # () = all full_attention
+    c.drafter.sliding_window = None
+
+    c.train = ConfigDict()
+    c.train.steps = 2000
+    c.train.batch_size = 8  # sequences per optimiser step (all accumulation steps together)
+    c.train.grad_accum = 1
+    c.train.max_len = 512  # tokens per sequence (longer ones are cut)
+    c.train.num_anchors = 64  # blocks per sequence
+    c.train.anchor_chunk = 16  # blocks processed together (activation memory)
+    c.train.gamma = 7.0  # loss decay w_k = exp(-(k-1)/gamma); 7 for block size 16
+    c.train.lr = 6e-4
+    c.train.warmup_frac = 0.04
+    c.train.weight_decay = 0.0
+    c.train.b1 = 0.9
+    c.train.b2 = 0.999
+    c.train.grad_clip = 1.0
+    c.train.compute_dtype = "float32"  # float32 is faster on CPU; bfloat16 on GPU/TPU
+
+    c.eval = ConfigDict()
+    c.eval.every = 200  # steps between validations
+    c.eval.val_size = 32  # held-out sequences
+    c.eval.decode_prompts = 4  # validation prompts decoded for a real tau (0 = skip)
+    c.eval.decode_max_new_tokens = 64
+
+    c.ckpt = ConfigDict()
+    c.ckpt.every = 100
+    c.ckpt.keep = 3
+    return c

@@ -1,0 +1,276 @@
+"""The drafter trainer: masks, train/inference consistency, real learning, exact resume, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dflash_jax import checkpoint, data, loss, masks
+from dflash_jax.decode import Decoder
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+from dflash_jax.target import ConfigError, Target
+from dflash_jax.train import Trainer, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "smollm2_135m.py")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Qwen3 target and a dataset of its own greedy responses to random prompts.
+
+    Its weights have std 0.1 (the other tests use 0.2): a smoother random function, so that a
+    small drafter trained for a few hundred steps reaches real multi-token acceptance.
+    """
+    from helpers import make_hf_model
+
+    root = tmp_path_factory.mktemp("learn")
+    hf = make_hf_model("qwen3", root / "hf", std=0.1, tie_word_embeddings=True)
+    ck = checkpoint.load_target(checkpoint.convert_hf(root / "hf", root / "ck"))
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(4, 96, rs.randint(4, 12)).tolist() for _ in range(1024)]
+    seqs, lm = data.regenerate(Decoder(ck.params, ck.cfg), prompts, max_new_tokens=64, batch_size=256,
+                               progress=False)
+    folder = data.write_dataset(root / "data", seqs, lm, meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"]})
+    ck.hf = hf  # the same weights in transformers, for the reference loop
+    return ck, folder
+
+
+def tiny_config(ck, folder, out, *extra):
+    return load_config(CONFIG, [f"target={ck.path}", f"data={folder}", f"out_dir={out}", "drafter.num_layers=2",
+                                "drafter.target_layer_ids=(1, 2)", "drafter.block_size=8", "train.gamma=4.0", "train.max_len=80", "train.num_anchors=16",
+                                "train.anchor_chunk=8", "train.batch_size=16", "train.lr=3e-3", "eval.val_size=32",
+                                "eval.decode_prompts=0", *extra])
+
+
+# --- masks ------------------------------------------------------------------------------------
+
+def dense_oracle(sliding, window, seq_len, anchors, valid, bs):
+    """The SPEC rule written out query by query (independent of dflash_jax.masks)."""
+    n = len(anchors) * bs
+    m = np.zeros((n, seq_len + n), bool)
+    for a, (p, ok) in enumerate(zip(anchors, valid)):
+        for k in range(bs):
+            if not ok:
+                continue
+            q, qpos = a * bs + k, p + k
+            for j in range(seq_len):
+                m[q, j] = j < p and (not sliding or j >= qpos - window + 1)
+            for k2 in range(bs):
+                m[q, seq_len + a * bs + k2] = not sliding or (k2 <= k and k - k2 < window)
+    return m
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_training_masks_equal_dense_spec_rule(seed):
+    rs = np.random.RandomState(seed)
+    t, a, bs, w = 40, 6, 5, 3
+    anchors = np.sort(rs.choice(t - 1, a, replace=False))
+    valid = rs.rand(a) < 0.7
+    valid[0] = True
+    anchors = np.where(valid, anchors, 0)
+    got = masks.training_masks(("full_attention", "sliding_attention"), w, t, jnp.asarray(anchors[None]),
+                               jnp.asarray(valid[None]), bs)
+    for sliding, m in zip((False, True), got):
+        np.testing.assert_array_equal(np.asarray(m[0]), dense_oracle(sliding, w, t, anchors, valid, bs))
+    assert not np.asarray(got[0][0]).reshape(a, bs, -1)[~valid].any()  # padding blocks see nothing
+
+
+def test_anchors_are_sorted_unique_and_supervised():
+    rs = np.random.RandomState(0)
+    lm = rs.rand(3, 50) < 0.6
+    lm[2, :] = False
+    lm[2, 10:13] = True  # only anchors 10 and 11 are possible
+    anc = loss.sample_anchors(jax.random.PRNGKey(0), jnp.asarray(lm), 8)
+    pos, valid = np.asarray(anc.positions), np.asarray(anc.valid)
+    for r in range(3):
+        p = pos[r][valid[r]]
+        assert (np.diff(p) > 0).all() and lm[r, p].all() and lm[r, p + 1].all()
+    assert pos[2][valid[2]].tolist() == [10, 11] and valid[2].sum() == 2
+    counts = np.zeros(50)
+    for s in range(300):  # uniform: every allowed position drawn about equally often
+        a = loss.sample_anchors(jax.random.PRNGKey(s), jnp.asarray(lm[:1]), 4)
+        counts[np.asarray(a.positions[0])] += 1
+    ok = lm[0, :-1] & lm[0, 1:]
+    allowed = counts[:-1][ok]
+    assert counts[:-1][~ok].sum() == 0 and allowed.min() > 0.4 * allowed.mean()
+
+
+# --- train / inference consistency ------------------------------------------------------------
+
+def _consistency(ck, dparams, dcfg, tokens, anchor_list):
+    tcfg = ck.cfg
+    t = len(tokens)
+    toks = jnp.asarray([tokens])
+    _, feats, _ = Target(tcfg).apply({"params": ck.params}, toks, jnp.arange(t)[None], None, dcfg.target_layer_ids)
+    anchors = loss.Anchors(jnp.asarray([anchor_list + [0]]), jnp.asarray([[True] * len(anchor_list) + [False]]))
+    ctx = loss.context_kv(dparams, feats, dcfg)
+    train_logits = loss.block_logits(dparams, ck.params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg)
+    step = DraftStep(dcfg, tcfg)
+    worst = 0.0
+    for a, p in enumerate(anchor_list):
+        cache = step.write_context(dparams, step.init_cache(1, 128), feats[:, :p], jnp.zeros((1,), jnp.int32))
+        ref = step.logits(dparams, ck.params, cache, toks[:, p], jnp.array([p]), jnp.array([dcfg.block_size]),
+                          dcfg.block_size)
+        worst = max(worst, float(jnp.max(jnp.abs(ref[0] - train_logits[0, a, 1:]))))
+    return worst
+
+
+@pytest.mark.parametrize("layer_types", [("full_attention", "full_attention"), ("full_attention", "sliding_attention")])
+def test_training_forward_equals_decoder_drafter_random(tiny, layer_types):
+    ck, folder = tiny
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=8, mask_token_id=3, layer_types=layer_types,
+                                    sliding_window=5 if "sliding_attention" in layer_types else None)
+    tokens, _ = data.TokenDataset(folder)[0]
+    worst = _consistency(ck, init_drafter_params(dcfg, seed=1), dcfg, tokens.tolist(), [3, 9, 10, 30])
+    assert worst < 2e-5, worst
+
+
+# --- a real training run: learns, decodes with tau > 2, equals the reference ------------------
+
+@pytest.fixture(scope="module")
+def trained(tiny, tmp_path_factory):
+    ck, folder = tiny
+    out = tmp_path_factory.mktemp("run") / "r"
+    c = tiny_config(ck, folder, out, "train.steps=500", "eval.every=250", "ckpt.every=250", "eval.decode_prompts=4")
+    trainer = Trainer(c, log=lambda *_: None)
+    last = trainer.run()
+    return ck, folder, out, trainer, last
+
+
+def test_trained_drafter_consistent_with_decoder(trained):
+    ck, folder, _, trainer, _ = trained
+    tokens, _ = data.TokenDataset(folder)[1]
+    assert _consistency(ck, trainer.params, trainer.dcfg, tokens.tolist(), [4, 12, 13, 40]) < 5e-5
+
+
+def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, monkeypatch):
+    import torch
+
+    import dflash.model
+    from dflash.model import DFlashDraftModel, dflash_generate
+
+    from dflash_jax.drafter_io import export_released, load_drafter
+
+    monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)
+    ck, folder, out, trainer, last = trained
+    params, dcfg, ident = load_drafter(out / "drafter")  # what `generate --drafter` loads
+    assert ident == ck.identity
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 501))
+    assert lines[-1]["loss"] < lines[0]["loss"] - 1.0 and "val_loss" in lines[-1]
+    assert (out / "best" / "dflash_jax.json").exists()
+
+    ds = data.TokenDataset(folder)
+    prompts = []
+    for j in trainer.val_idx[:8]:
+        tok, lm = ds[int(j)]
+        prompts.append(tok[: int(np.argmax(lm))].tolist())
+    dec = Decoder(ck.params, ck.cfg, drafter=(params, dcfg))
+    results = dec.generate(prompts, 48)
+    lengths = [a for r in results for a in r.acceptance_lengths]
+    tau = float(np.mean(lengths))
+    print(f"decode tau on held-out prompts: {tau:.2f}; train-time estimate {last['tau_blocks']:.2f}")
+    assert tau > 2.0 and max(lengths) >= 5
+
+    export_released(params, dcfg, tmp_path / "rel")
+    ref = DFlashDraftModel.from_pretrained(tmp_path / "rel", dtype=torch.float32).eval()
+    for p, r in zip(prompts, results):
+        o = dflash_generate(ref, ck.hf, torch.tensor([p]), max_new_tokens=48, stop_token_ids=None, return_stats=True)
+        assert r.acceptance_lengths == o.acceptance_lengths
+        assert r.token_ids == o.output_ids[0, len(p):].tolist()
+
+
+def test_plot_metrics(trained, tmp_path):
+    _, _, out, _, _ = trained
+    png = tmp_path / "m.png"
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl"),
+                        "--out", str(png)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# --- exact resume after SIGKILL ---------------------------------------------------------------
+
+def _train_cmd(ck, folder, out, steps=40):
+    return [sys.executable, "-m", "dflash_jax.cli", "train", "--config", CONFIG, f"target={ck.path}",
+            f"data={folder}", f"out_dir={out}", "drafter.num_layers=1", "drafter.block_size=8",
+            "train.max_len=80", "train.num_anchors=16", "train.anchor_chunk=8", "train.batch_size=8",
+            "train.grad_accum=2", f"train.steps={steps}", "ckpt.every=10", "eval.every=1000", "eval.val_size=8",
+            "eval.decode_prompts=0"]
+
+
+def _losses(out):
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_resume_after_sigkill_is_bitwise_identical(tiny, tmp_path):
+    ck, folder = tiny
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(_train_cmd(ck, folder, tmp_path / "a"), check=True, capture_output=True, env=env)
+    proc = subprocess.Popen(_train_cmd(ck, folder, tmp_path / "b"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    log = tmp_path / "b" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if log.exists() and len(log.read_text().splitlines()) >= 25:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = len(log.read_text().splitlines())
+    assert 25 <= killed_at < 40, killed_at  # really killed mid-run, after a checkpoint
+    subprocess.run(_train_cmd(ck, folder, tmp_path / "b"), check=True, capture_output=True, env=env)
+    a, b = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert [s for s, *_ in b] == list(range(1, 41))
+    assert a == b  # floats compared exactly
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_bad_data_is_a_clear_error(tiny, tmp_path):
+    ck, folder = tiny
+    with pytest.raises(data.DataError, match="no two consecutive supervised"):
+        data.write_dataset(tmp_path / "x", [[5, 6, 7], [5, 6, 7]], [[False, True, True], [True, False, True]])
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(data.DataError, match="not a token dataset"):
+        data.TokenDataset(ck.path)
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    np.save(bad / "tokens.npy", np.zeros(5, np.float32))
+    with pytest.raises(data.DataError, match="tokens.npy"):
+        data.TokenDataset(bad)
+    np.save(bad / "tokens.npy", np.zeros(7, np.int32))
+    with pytest.raises(data.DataError, match="do not match"):
+        data.TokenDataset(bad)
+    big = data.write_dataset(tmp_path / "big", [[500, 501, 502]], [[False, True, True]])
+    with pytest.raises(data.DataError, match="another model"):
+        data.TokenDataset(big).check_vocab(96)
+
+
+def test_bad_config_and_foreign_checkpoint_are_clear_errors(tiny, tmp_path):
+    ck, folder = tiny
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="block_size"):
+        Trainer(tiny_config(ck, folder, out, "drafter.block_size=1"))
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        Trainer(tiny_config(ck, folder, out, "drafter.target_layer_ids=(1, 7)"))
+    with pytest.raises(ConfigError, match="unknown config key"):
+        tiny_config(ck, folder, out, "train.stepz=3")
+    with pytest.raises(ConfigError, match="expected int"):
+        tiny_config(ck, folder, out, "train.steps=abc")
+    Trainer(tiny_config(ck, folder, out, "train.steps=2", "ckpt.every=1", "eval.every=100")).run()
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
+    with pytest.raises(checkpoint.CheckpointError, match="another drafter"):
+        Trainer(tiny_config(ck, folder, out, "train.steps=2", "drafter.num_layers=1"))
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
