@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 export DFLASH_JAX_HOME ?= $(HOME)/.cache/dflash-jax
 
-.PHONY: install demo test test-fast bench-decode clean-cache
+.PHONY: install demo test test-fast bench-decode bench-train clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,9 @@ test-fast: $(STAMP)
 
 bench-decode: $(STAMP)
 	$(PY) launch/bench_decode.py --out docs/bench_decode.json
+
+bench-train: $(STAMP)
+	$(PY) launch/bench_train.py --out docs/bench_train.json
 
 clean-cache:
 	rm -rf $(DFLASH_JAX_HOME)/jax_cache

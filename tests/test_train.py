@@ -274,3 +274,27 @@ def test_bad_config_and_foreign_checkpoint_are_clear_errors(tiny, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="another drafter"):
         Trainer(tiny_config(ck, folder, out, "train.steps=2", "drafter.num_layers=1"))
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_short_training_run_on_smollm2(tmp_path, capsys):
+    """The committed SmolLM2 fixture data (the target's own answers to 96 training prompts):
+    a short run writes a checkpoint, a metrics log and a plot, and its drafter decodes."""
+    from dflash_jax.cli import main
+
+    out = tmp_path / "run"
+    main(["train", "--config", CONFIG, f"data={ROOT / 'tests' / 'fixtures' / 'smollm2_96'}", f"out_dir={out}",
+          "train.steps=6", "train.batch_size=2", "train.max_len=256", "train.num_anchors=32", "eval.every=6",
+          "eval.val_size=8", "eval.decode_prompts=1", "eval.decode_max_new_tokens=8", "ckpt.every=3"])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 7)) and "val_decode_tau" in rows[-1]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert sorted(p.name for p in (out / "ckpt").iterdir() if p.name.isdigit()) == ["3", "6"]
+    r = subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and (out / "metrics.png").stat().st_size > 20_000
+    capsys.readouterr()
+    main(["generate", "--drafter", str(out / "drafter"), "--prompt", "What is 2 + 3?", "--chat",
+          "--max-new-tokens", "8", "--block-size", "8", "--json"])
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec["num_output_tokens"] == 8 and sum(rec["acceptance_lengths"]) == 7

@@ -1,0 +1,102 @@
+"""Training throughput and peak memory against the number of anchors (SmolLM2-135M, this CPU).
+
+For each anchor count (default 64, 128, 256, 512) a fresh subprocess (so peak memory is its
+own) runs the jitted training step of a 1-layer, block-16 drafter on SmolLM2-135M at sequence
+length 1024, batch 1, float32, on random tokens with the second half supervised: a few warm-up
+steps, then timed steps. Reported: drafter blocks/s, target tokens/s, seconds per step, and
+the process's peak resident memory (which includes the target's weights and the JAX runtime).
+
+    .venv/bin/python launch/bench_train.py --out docs/bench_train.json      # or: make bench-train
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
+    import jax
+    import numpy as np
+    from functools import partial
+
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.train import make_optimizer, train_step
+    from dflash_jax.utils import enable_compilation_cache
+    from ml_collections import ConfigDict
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=16)
+    t = ConfigDict(dict(lr=6e-4, warmup_frac=0.04, steps=1000, grad_clip=1.0, b1=0.9, b2=0.999, weight_decay=0.0))
+    opt = make_optimizer(t)
+    params = init_drafter_params(dcfg, 0)
+    state = opt.init(params)
+    rs = np.random.RandomState(0)
+    batch = {"tokens": rs.randint(0, ck.cfg.vocab_size, (1, 1, seq_len)).astype(np.int32),
+             "loss_mask": np.zeros((1, 1, seq_len), bool)}
+    batch["loss_mask"][..., seq_len // 2:] = True
+    step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0,
+                           anchor_chunk=chunk), donate_argnums=(0, 1))
+    t0 = time.perf_counter()
+    params, state, m = step(params, state, ck.params, batch, jax.random.PRNGKey(0))
+    jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    params, state, m = step(params, state, ck.params, batch, jax.random.PRNGKey(1))
+    jax.block_until_ready(m)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        params, state, m = step(params, state, ck.params, batch, jax.random.PRNGKey(2 + i))
+    jax.block_until_ready(m)
+    dt = (time.perf_counter() - t0) / steps
+    return {"anchors": anchors, "seq_len": seq_len, "s_per_step": dt, "blocks_per_s": anchors / dt,
+            "target_tokens_per_s": seq_len / dt, "compile_s": compile_s,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--anchors", type=int, nargs="+", default=[64, 128, 256, 512])
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per setting")
+    ap.add_argument("--anchor-chunk", type=int, default=32)
+    ap.add_argument("--out", default="docs/bench_train.json")
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.seq_len, args.steps, args.anchor_chunk)))
+        return
+    rows = []
+    for a in args.anchors:
+        print(f"anchors {a} ...", file=sys.stderr, flush=True)
+        out = subprocess.run([sys.executable, __file__, "--worker", str(a), "--seq-len", str(args.seq_len),
+                              "--steps", str(args.steps), "--anchor-chunk", str(args.anchor_chunk)],
+                             check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    lines = ["| anchors | s per step | drafter blocks/s | target tokens/s | peak RSS (MB) | compile (s) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['anchors']} | {r['s_per_step']:.2f} | {r['blocks_per_s']:.0f} | "
+                     f"{r['target_tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d"), "seq_len": args.seq_len, "anchor_chunk": args.anchor_chunk,
+        "rows": rows, "table": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
