@@ -64,8 +64,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
         key, eq, raw = item.partition("=")
         if not eq:
             raise ConfigError(f"override {item!r} is not key=value")
-        node, *_ = cfg, None
-        parts = key.split(".")
+        node, parts = cfg, key.split(".")
         for p in parts[:-1]:
             if p not in node:
                 raise ConfigError(f"unknown config key {key!r}")
@@ -79,6 +78,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
         old = node[parts[-1]]
         if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if isinstance(old, tuple) and isinstance(value, list):
+            value = tuple(value)
         if old is not None and value is not None and type(old) is not type(value):
             raise ConfigError(f"{key}: expected {type(old).__name__}, got {raw!r}")
         node[parts[-1]] = value
@@ -108,13 +109,17 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
 # ----------------------------------------------------------------------------- the update
 
 
-def make_optimizer(t) -> optax.GradientTransformation:
-    """AdamW with linear warmup then cosine decay to 0, after global-norm clipping (SPEC "Training" 7)."""
+def make_schedule(t) -> optax.Schedule:
+    """Learning rate: linear warmup over ``warmup_frac * steps``, then cosine decay to 0 at ``steps``."""
     warmup = max(1, int(round(t.warmup_frac * t.steps)))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1),
-                                                  end_value=0.0)
+    return optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1),
+                                              end_value=0.0)
+
+
+def make_optimizer(t) -> optax.GradientTransformation:
+    """AdamW on the warmup-cosine schedule, after global-norm clipping (SPEC "Training" 7)."""
     return optax.chain(optax.clip_by_global_norm(t.grad_clip),
-                       optax.adamw(schedule, b1=t.b1, b2=t.b2, weight_decay=t.weight_decay))
+                       optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay))
 
 
 def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
@@ -153,7 +158,7 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), (batch["tokens"], batch["loss_mask"], anchors))
     updates, opt_state = opt.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, summarise(stats) | {"grad_norm": optax.global_norm(grads)}
+    return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
 
 
 def summarise(s: loss_lib.BlockStats) -> dict:
@@ -213,7 +218,7 @@ class Trainer:
         if micro * t.grad_accum != t.batch_size:
             raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
         self.batches = data.batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len, seed=c.seed)
-        self.opt = make_optimizer(t)
+        self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
             "target": self.target.identity, "data": {k: self.ds.meta.get(k) for k in ("num_sequences", "num_tokens",
                                                                                        "tokenizer_sha256", "source")},
@@ -355,7 +360,7 @@ class Trainer:
             self.step += 1
             rec = {"step": self.step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
                    "tau_est": float(m["tau_est"]), "tau_blocks": float(m["tau_blocks"]),
-                   "acc": [float(x) for x in m["acc"][1:]], "lr": float(self._lr(self.step - 1)),
+                   "acc": [float(x) for x in m["acc"][1:]], "lr": float(self.schedule(self.step - 1)),
                    "step_s": dt}
             if self.step % c.eval.every == 0 or self.step == t.steps:
                 val = self.validate()
@@ -375,8 +380,3 @@ class Trainer:
         if self.step == t.steps:
             self.log(f"wrote final drafter {self.export('drafter')}")
         return last
-
-    def _lr(self, step: int) -> float:
-        t = self.c.train
-        warmup = max(1, int(round(t.warmup_frac * t.steps)))
-        return float(optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup, max(t.steps, warmup + 1), 0.0)(step))

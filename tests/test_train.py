@@ -298,3 +298,41 @@ def test_short_training_run_on_smollm2(tmp_path, capsys):
           "--max-new-tokens", "8", "--block-size", "8", "--json"])
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["num_output_tokens"] == 8 and sum(rec["acceptance_lengths"]) == 7
+
+
+def test_loss_is_normalised_over_the_whole_global_batch(tiny):
+    """With accumulation, the update equals the gradient of (sum of weighted CE over every
+    micro-batch) / (sum of weights over every micro-batch), not a mean of per-micro losses."""
+    import optax
+
+    from dflash_jax.train import train_step
+
+    ck, folder = tiny
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    params = init_drafter_params(dcfg, seed=0)
+    src = data.PaddedSource(data.TokenDataset(folder), np.arange(4), 80)
+    rows = [src[i] for i in range(4)]
+    batch = {k: np.stack([r[k] for r in rows]).reshape(2, 2, 80) for k in rows[0]}
+    batch["loss_mask"][1, :, 50:] = False  # the micro-batches carry different total weights
+    rng = jax.random.PRNGKey(3)
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, num_anchors=16, gamma=4.0, anchor_chunk=8)
+    new, _, _ = train_step(params, optax.sgd(1.0).init(params), ck.params, batch, rng, opt=optax.sgd(1.0), **kw)
+    keys = jax.random.split(rng, 2)
+
+    def global_loss(p):
+        sums = [loss.block_loss(p, ck.params, batch["tokens"][i], batch["loss_mask"][i],
+                                loss.sample_anchors(keys[i], batch["loss_mask"][i], 16), tcfg=ck.cfg, cfg=dcfg,
+                                gamma=4.0, anchor_chunk=8) for i in range(2)]
+        return (sums[0].loss + sums[1].loss) / (sums[0].weight + sums[1].weight)
+
+    grads = jax.grad(global_loss)(params)
+    for g, p0, p1 in zip(jax.tree.leaves(grads), jax.tree.leaves(params), jax.tree.leaves(new)):
+        np.testing.assert_allclose(np.asarray(p0 - p1), np.asarray(g), rtol=1e-4, atol=1e-7)
+
+
+def test_bfloat16_compute_trains(tiny, tmp_path):
+    ck, folder = tiny
+    trainer = Trainer(tiny_config(ck, folder, tmp_path / "bf16", "train.compute_dtype='bfloat16'", "train.steps=3",
+                                  "eval.every=100", "ckpt.every=100"), log=lambda *_: None)
+    last = trainer.run()
+    assert np.isfinite(last["loss"]) and jax.tree.leaves(trainer.params)[0].dtype == jnp.float32
