@@ -2,7 +2,7 @@
 
     dflash-jax train --config configs/smollm2_135m.py data=data/smollm2 train.steps=2000
 
-Data: a token dataset made by ``dflash-jax make-data`` (the target's own responses).
+Data: a token dataset made by ``dflash-jax prepare-data`` (the target's own responses).
 """
 
 from ml_collections import ConfigDict
@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 def get_config() -> ConfigDict:
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"  # a converted checkpoint folder or a known name
-    c.data = "data/smollm2"  # token dataset folder (dflash-jax make-data)
+    c.data = "data/smollm2"  # token dataset folder (dflash-jax prepare-data)
     c.out_dir = "runs/smollm2_135m"
     c.seed = 0
 

@@ -66,17 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--target", default=None, help="target checkpoint (or known name) to check the drafter against")
     i.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    m = sub.add_parser("make-data", help="training data: the target's own responses to prompts",
-                       description="Regenerate responses to user prompts with the target itself (greedy, chat "
-                                   "template) and write a token dataset (tokens + loss mask on the response).")
+    m = sub.add_parser("prepare-data", help="training data: the target's own answers to prompt files",
+                       description="Have the target answer user prompts (chat template, greedy, our batched "
+                                   "decoder) and write token ids + loss masks (answer tokens only) as shards. "
+                                   "Resumable: run the same command again after a kill.")
     _add_target(m)
     m.add_argument("--prompts", metavar="FILE", required=True, nargs="+",
-                   help="JSONL or JSON-list files with prompt/question/problem/instruction fields")
-    m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (must not exist unless --overwrite)")
+                   help="prompt files: JSONL or a JSON list (GSM8K, Alpaca, MBPP or {'prompt': ...} rows)")
+    m.add_argument("--format", default="auto", choices=["auto", "gsm8k", "alpaca", "mbpp", "plain"],
+                   help="row format; auto picks by file name")
+    m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (shards + meta.json)")
     m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
-    m.add_argument("--max-new-tokens", type=int, default=256)
+    m.add_argument("--max-new-tokens", type=int, default=384, help="answer cap")
     m.add_argument("--batch-size", type=int, default=16)
-    m.add_argument("--overwrite", action="store_true")
+    m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
+    m.add_argument("--seed", type=int, default=0, help="prompt order")
 
     t = sub.add_parser("train", help="train a DFlash drafter from a config file",
                        description="Train a DFlash drafter for a target (configs/*.py). A run resumes from the "
@@ -263,25 +267,18 @@ def cmd_import_drafter(args) -> None:
     log(f"wrote dflash-jax drafter checkpoint {out}" + ("" if args.target else " (no --target: fit not checked)"))
 
 
-def cmd_make_data(args) -> None:
+def cmd_prepare_data(args) -> None:
     from dflash_jax import data
-    from dflash_jax.decode import Decoder
     from dflash_jax.utils import log
 
-    texts = [p for f in args.prompts for p in data.read_prompt_file(f, args.limit)]
+    prompts = [p for f in args.prompts for p in data.read_prompts(f, args.format, args.limit)]
     ck, tok = _load(args)
-    ids = [encode(tok, t, chat=True) for t in texts]
     t0 = time.perf_counter()
-    seqs, masks = data.regenerate(Decoder(ck.params, ck.cfg), ids, max_new_tokens=args.max_new_tokens,
-                                  batch_size=args.batch_size, stop_ids=stop_ids(tok))
-    keep = [i for i, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer cannot hold an anchor
-    out = data.write_dataset(args.out, [seqs[i] for i in keep], [masks[i] for i in keep], overwrite=args.overwrite,
-                             meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"], "target": ck.identity,
-                                   "source": [str(f) for f in args.prompts], "generation": {
-                                       "mode": "greedy", "max_new_tokens": args.max_new_tokens, "chat": True}})
-    n_tok = sum(len(s) for s in seqs)
-    log(f"wrote {out}: {len(keep)} sequences ({len(seqs) - len(keep)} dropped), {n_tok} tokens in "
-        f"{time.perf_counter() - t0:.0f} s")
+    meta = data.prepare(ck, tok, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                        shard_size=args.shard_size, seed=args.seed)
+    st = meta["stats"]
+    log(f"{args.out}: {st['sequences']} sequences, {st['tokens']} tokens; {st['hit_cap']} answers hit the "
+        f"{args.max_new_tokens}-token cap, {st['looping']} loop (a repeated 8-gram); {time.perf_counter() - t0:.0f} s")
 
 
 def cmd_train(args) -> None:
@@ -323,7 +320,7 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
         {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
-         "import-drafter": cmd_import_drafter, "make-data": cmd_make_data, "train": cmd_train}[args.command](args)
+         "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "train": cmd_train}[args.command](args)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 

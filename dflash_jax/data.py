@@ -15,7 +15,10 @@ batch of step ``s`` is ``dataset[s]`` and resuming at step ``s`` is exact.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -24,6 +27,7 @@ import numpy as np
 from dflash_jax.checkpoint import CheckpointError, atomic_folder
 
 FORMAT = "dflash-jax-tokens"
+SHARDED_FORMAT = "dflash-jax-tokens-sharded"
 FILES = ("tokens.npy", "loss_mask.npy", "offsets.npy")
 
 
@@ -72,8 +76,8 @@ def _check_anchorable(mask: np.ndarray, offsets: np.ndarray, where: Path) -> Non
                         f"index {bad[0]}), so no anchor can be drawn; drop them or regenerate their responses")
 
 
-class TokenDataset:
-    """A dataset folder, checked and memory-mapped; ``len()`` sequences, ``[i]`` -> (tokens, loss_mask).
+class Shard:
+    """One dataset folder, checked and memory-mapped; ``len()`` sequences, ``[i]`` -> (tokens, loss_mask).
 
     Raises (on open):
       DataError: a missing file, a wrong format name, wrong dtypes or shapes, offsets that do not
@@ -85,7 +89,7 @@ class TokenDataset:
         meta_path = self.folder / "meta.json"
         if not meta_path.exists():
             raise DataError(f"{self.folder} is not a token dataset (no meta.json); make one with "
-                            "dflash_jax.data.write_dataset or `dflash-jax make-data`")
+                            "`dflash-jax prepare-data` (or dflash_jax.data.write_dataset)")
         try:
             self.meta = json.loads(meta_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -127,6 +131,48 @@ class TokenDataset:
                             f"{vocab_size} entries: the data was tokenised for another model")
 
 
+class TokenDataset:
+    """A token dataset: one folder (``write_dataset``) or a folder of shards (``prepare``).
+
+    ``len()`` sequences; ``[i]`` -> ``(tokens int32 [n], loss_mask bool [n])``; ``meta`` is the
+    top-level ``meta.json``.
+
+    Raises (on open):
+      DataError: as ``Shard`` for any shard (the message names it), or a shard index that lists
+        missing shards.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        try:
+            meta = json.loads((self.folder / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            meta = None
+        if isinstance(meta, dict) and meta.get("format") == SHARDED_FORMAT:
+            self.meta = meta
+            self.shards = [Shard(self.folder / name) for name in meta.get("shards", [])]
+            if not self.shards:
+                raise DataError(f"{self.folder}: the shard index lists no shards; run prepare-data again")
+        else:
+            self.shards = [Shard(self.folder)]
+            self.meta = self.shards[0].meta
+        self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self.shards[k][i - int(self._starts[k])]
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ``DataError`` if a token id is outside ``[0, vocab_size)`` (another tokenizer?)."""
+        for s in self.shards:
+            s.check_vocab(vocab_size)
+
+
 class PaddedSource:
     """grain source: sequence ``indices[i]`` of a ``TokenDataset``, cut/padded to ``max_len``."""
 
@@ -164,37 +210,88 @@ def batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: 
 
 # ----------------------------------------------------------------------------- making data
 
+GSM8K_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+MBPP_EVAL_IDS = range(11, 511)  # the standard MBPP evaluation split: never train on it
 
-def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
-    """User prompts from a JSONL file or a JSON list: the field ``prompt``, ``question``,
-    ``problem`` or ``instruction`` (+ ``input`` when non-empty), in that order of preference.
 
-    Raises:
-      DataError: unreadable file, or a row with none of those fields (its number is named).
-    """
-    path = Path(path)
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    text: str
+    where: str  # "file:line" (or "file:index" for a JSON list), for error messages
+
+
+def _rows(path: Path):
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read prompts from {path}: {e}") from None
-    try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path} is neither JSONL nor a JSON list: {e}") from None
+    if text.lstrip().startswith("["):
+        try:
+            return list(enumerate(json.loads(text), 1))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} starts like a JSON list but is not valid JSON: {e}") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: not a JSON object ({e}); expected JSONL") from None
+    return rows
+
+
+def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) -> list[Prompt]:
+    """User prompts of a prompt file, formatted as the reference benchmark does (shared/data README).
+
+    Formats: ``gsm8k`` (``question`` + the step-by-step/boxed suffix), ``alpaca`` (``instruction``,
+    then ``input`` if any), ``mbpp`` (``prompt``; task ids 11-510, the evaluation split, skipped),
+    ``plain`` (the first of ``prompt``, ``question``, ``problem``, ``instruction``). ``auto`` picks
+    by file name (gsm8k / alpaca / mbpp), else ``plain``.
+
+    Raises:
+      DataError: unreadable file, not JSONL / a JSON list, or a row without the needed text
+        field (the message names the file and line).
+    """
+    path = Path(path)
+    if fmt == "auto":
+        name = path.name.lower()
+        fmt = next((f for f in ("gsm8k", "alpaca", "mbpp") if f in name), "plain")
     out = []
-    for n, row in enumerate(rows[:limit] if limit else rows, 1):
+    for n, row in _rows(path):
+        where = f"{path}:{n}"
         if not isinstance(row, dict):
-            raise DataError(f"{path}: row {n} is not a JSON object")
-        for key in ("prompt", "question", "problem", "instruction"):
-            if isinstance(row.get(key), str) and row[key].strip():
-                p = row[key]
-                if key == "instruction" and isinstance(row.get("input"), str) and row["input"].strip():
-                    p = f"{p}\n\n{row['input']}"
-                out.append(p)
-                break
+            raise DataError(f"{where}: expected a JSON object")
+        if fmt == "gsm8k":
+            text = row.get("question")
+            text = text + GSM8K_SUFFIX if isinstance(text, str) and text.strip() else None
+        elif fmt == "alpaca":
+            text = row.get("instruction")
+            if isinstance(text, str) and isinstance(row.get("input"), str) and row["input"].strip():
+                text = f"{text}\n\n{row['input']}"
+        elif fmt == "mbpp":
+            if row.get("task_id") in MBPP_EVAL_IDS:
+                continue
+            text = row.get("prompt")
         else:
-            raise DataError(f"{path}: row {n} has no 'prompt', 'question', 'problem' or 'instruction' text")
+            text = next((row[k] for k in ("prompt", "question", "problem", "instruction")
+                         if isinstance(row.get(k), str) and row[k].strip()), None)
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: no prompt text for format {fmt!r}")
+        out.append(Prompt(text, where))
+        if limit and len(out) >= limit:
+            break
     return out
+
+
+def loops(response: Sequence[int], n: int = 8, repeats: int = 3) -> bool:
+    """True if some ``n``-gram occurs at least ``repeats`` times: a looping answer."""
+    seen: dict[tuple, int] = {}
+    for i in range(len(response) - n + 1):
+        g = tuple(response[i: i + n])
+        seen[g] = seen.get(g, 0) + 1
+        if seen[g] >= repeats:
+            return True
+    return False
 
 
 def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int,
@@ -207,9 +304,9 @@ def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int
     """
     from tqdm import tqdm
 
-    order = np.argsort([len(p) for p in prompts])  # similar lengths share a batch: less padding
+    order = np.argsort([len(p) for p in prompts], kind="stable")  # similar lengths share a batch
     seqs: list = [None] * len(prompts)
-    bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress)
+    bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress, leave=False)
     for i in range(0, len(order), batch_size):
         idx = order[i: i + batch_size]
         results = decoder.generate([prompts[j] for j in idx], max_new_tokens, stop_ids)
@@ -218,3 +315,86 @@ def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int
         bar.update(len(idx))
     bar.close()
     return [p + r for p, r in seqs], [[False] * len(p) + [True] * len(r) for p, r in seqs]
+
+
+def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_new_tokens: int = 384,
+            batch_size: int = 16, shard_size: int = 256, seed: int = 0, progress: bool = True) -> dict:
+    """Regenerate responses with the target and write them as shards under ``out`` (resumable).
+
+    The prompts are shuffled with ``seed`` and cut into shards of ``shard_size``; each shard is
+    written atomically (``out/shard_00000`` ...), and a restart skips the shards already there
+    (after checking them). ``out/meta.json`` indexes the shards and counts the answers that hit
+    the cap or loop (``loops``), since looping answers inflate acceptance.
+
+    Raises:
+      DataError: a prompt too long for the target's context (named by file and line), a corrupt
+        finished shard (named; the others are kept), or ``out`` prepared with other settings.
+    """
+    from tqdm import tqdm
+
+    from dflash_jax.cli import encode, stop_ids
+    from dflash_jax.decode import Decoder
+
+    out = Path(out)
+    ids = []
+    for p in prompts:
+        x = encode(tokenizer, p.text, chat=True)
+        if len(x) + max_new_tokens > ck.cfg.max_position_embeddings:
+            raise DataError(f"{p.where}: the prompt has {len(x)} tokens; with {max_new_tokens} new tokens it exceeds "
+                            f"the target's context of {ck.cfg.max_position_embeddings}; shorten or drop it")
+        ids.append(x)
+    order = np.random.RandomState(seed).permutation(len(prompts))
+    settings = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, "seed": seed, "mode": "greedy",
+                "chat": True, "num_prompts": len(prompts), "target": ck.identity,
+                "prompts_sha256": hashlib.sha256("\n".join(p.where + "\t" + p.text for p in prompts).encode()).hexdigest()}
+    index_path = out / "meta.json"
+    if index_path.exists():
+        old = json.loads(index_path.read_text())
+        if old.get("settings") != settings:
+            raise DataError(f"{out} holds data prepared from other prompts or settings; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("shard_*.partial-*"):  # left by a kill during a shard write
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+    n_shards = -(-len(prompts) // shard_size)
+    names = [f"shard_{k:05d}" for k in range(n_shards)]
+
+    def write_index(done: list[str]) -> None:
+        stats = {"sequences": 0, "tokens": 0, "hit_cap": 0, "looping": 0}
+        for name in done:
+            m = json.loads((out / name / "meta.json").read_text())
+            for k in stats:
+                stats[k] += m["stats"][k]
+        meta = {"format": SHARDED_FORMAT, "format_version": 1, "shards": done, "complete": len(done) == n_shards,
+                "settings": settings, "stats": stats, "tokenizer_sha256": ck.identity["tokenizer_sha256"],
+                "num_sequences": stats["sequences"], "num_tokens": stats["tokens"],
+                "source": sorted({p.where.rsplit(":", 1)[0] for p in prompts})}
+        tmp = index_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, index_path)
+
+    decoder = Decoder(ck.params, ck.cfg)
+    stops = stop_ids(tokenizer)
+    done = []
+    bar = tqdm(total=len(prompts), desc="prepare-data", unit="prompt", disable=not progress)
+    for k, name in enumerate(names):
+        idx = order[k * shard_size: (k + 1) * shard_size]
+        if (out / name).exists():
+            Shard(out / name)  # raises, naming the shard, if it is corrupt
+        else:
+            seqs, masks = regenerate(decoder, [ids[i] for i in idx], max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, stop_ids=stops, progress=progress)
+            responses = [s[len(ids[i]):] for s, i in zip(seqs, idx)]
+            keep = [j for j, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer holds no anchor
+            stats = {"sequences": len(keep), "tokens": int(sum(len(seqs[j]) for j in keep)),
+                     "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
+                     "looping": sum(loops(r) for r in responses), "dropped": len(seqs) - len(keep)}
+            write_dataset(out / name, [seqs[j] for j in keep], [masks[j] for j in keep],
+                          meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"], "stats": stats,
+                                "prompts": [prompts[idx[j]].where for j in keep]})
+        done.append(name)
+        write_index(done)
+        bar.update(len(idx))
+    bar.close()
+    return json.loads(index_path.read_text())
