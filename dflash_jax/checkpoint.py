@@ -102,9 +102,13 @@ def atomic_folder(out: Path, overwrite: bool = False, marker: str = META_FILE):
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     try:
         yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if out.exists():  # move the old folder aside in one rename, so a kill never leaves a half-deleted one
+            old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

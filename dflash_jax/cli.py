@@ -202,7 +202,9 @@ def cmd_generate(args) -> None:
 
 # SmolLM2's vocabulary has no spare row, so the mask token must be an existing token that chat
 # text never contains: <empty_output> (id 16) is a code-pretraining marker unused in chat.
-MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "<|fim_pad|>", "<|endoftext|>")
+# Qwen2/3 have <|fim_pad|>; Llama 3 has reserved special tokens that are never produced.
+MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "<|fim_pad|>", "<|reserved_special_token_0|>",
+                         "<|endoftext|>")
 
 
 def mask_token_id(tok) -> int:
@@ -211,7 +213,10 @@ def mask_token_id(tok) -> int:
     for t in MASK_TOKEN_CANDIDATES:
         if t in vocab:
             return vocab[t]
-    raise ValueError(f"no mask token candidate {MASK_TOKEN_CANDIDATES} in the tokenizer; pass a drafter folder")
+    from dflash_jax.target import ConfigError
+
+    raise ConfigError(f"the tokenizer has none of the mask token candidates {MASK_TOKEN_CANDIDATES}: set "
+                      "drafter.mask_token_id to an unused token id in the training config (or use a trained drafter)")
 
 
 def load_drafter(spec: str, ck, tok, seed: int = 0):
@@ -271,6 +276,10 @@ def cmd_prepare_data(args) -> None:
     from dflash_jax import data
     from dflash_jax.utils import log
 
+    if args.limit is not None and args.limit < 1:
+        sys.exit("error: --limit must be >= 1")
+    if min(args.max_new_tokens, args.batch_size, args.shard_size) < 1:
+        sys.exit("error: --max-new-tokens, --batch-size and --shard-size must be >= 1")
     prompts = [p for f in args.prompts for p in data.read_prompts(f, args.format, args.limit)]
     ck, tok = _load(args)
     t0 = time.perf_counter()

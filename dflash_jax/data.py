@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -49,8 +50,14 @@ def write_dataset(out: str | Path, sequences: Sequence[Sequence[int]], loss_mask
     for i, (s, m) in enumerate(zip(sequences, loss_masks)):
         if len(s) != len(m):
             raise DataError(f"sequence {i}: {len(s)} tokens but a loss mask of {len(m)}")
-    tokens = np.asarray([t for s in sequences for t in s], np.int32)
-    mask = np.asarray([bool(x) for m in loss_masks for x in m], bool)
+    flat = [t for s in sequences for t in s]
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < 2**31 for t in flat):
+        raise DataError("token ids must be integers in [0, 2**31)")
+    flat_mask = [x for m in loss_masks for x in m]
+    if not all(isinstance(x, (bool, np.bool_)) or x in (0, 1) for x in flat_mask):
+        raise DataError("loss masks must hold booleans (or 0/1)")
+    tokens = np.asarray(flat, np.int32)
+    mask = np.asarray(flat_mask, bool)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     _check_anchorable(mask, offsets, Path(out))
     with atomic_folder(Path(out), overwrite, marker="meta.json") as tmp:
@@ -64,13 +71,13 @@ def write_dataset(out: str | Path, sequences: Sequence[Sequence[int]], loss_mask
 
 
 def _check_anchorable(mask: np.ndarray, offsets: np.ndarray, where: Path) -> None:
-    pair = mask[:-1] & mask[1:]
-    pair = np.concatenate([pair, [False]])
-    ends = offsets[1:] - 1  # the pair starting at a sequence's last token crosses into the next one
-    pair[ends[ends >= 0]] = False
-    per_seq = np.add.reduceat(pair.astype(np.int64), offsets[:-1]) if len(offsets) > 1 else np.zeros(0)
-    per_seq = np.where(offsets[1:] > offsets[:-1], per_seq, 0)
-    bad = np.flatnonzero(per_seq == 0)
+    """Every sequence needs a position ``p`` with ``p`` and ``p + 1`` supervised (one anchor)."""
+    pair = np.zeros(len(mask), np.int64)
+    pair[:-1] = mask[:-1] & mask[1:]
+    last = offsets[1:] - 1  # a pair starting at a sequence's last token crosses into the next one
+    pair[last[(last >= 0) & (offsets[1:] > offsets[:-1])]] = 0
+    cs = np.concatenate([[0], np.cumsum(pair)])
+    bad = np.flatnonzero(cs[offsets[1:]] - cs[offsets[:-1]] == 0)
     if len(bad):
         raise DataError(f"{where}: {len(bad)} sequence(s) have no two consecutive supervised tokens (first: "
                         f"index {bad[0]}), so no anchor can be drawn; drop them or regenerate their responses")
@@ -92,10 +99,15 @@ class Shard:
                             "`dflash-jax prepare-data` (or dflash_jax.data.write_dataset)")
         try:
             self.meta = json.loads(meta_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise DataError(f"{meta_path} is not valid JSON: {e}") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{meta_path} is not a readable JSON file: {e}") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise DataError(f"{meta_path} does not describe a {FORMAT!r} dataset")
+        if self.meta.get("format_version") != 1:
+            raise DataError(f"{meta_path}: format_version {self.meta.get('format_version')!r} is not 1; "
+                            "written by another version of dflash-jax?")
+        if not all(isinstance(self.meta.get(k), int) for k in ("num_sequences", "num_tokens")):
+            raise DataError(f"{meta_path}: num_sequences and num_tokens must be integers")
         arrays = {}
         for name in FILES:
             try:
@@ -125,6 +137,8 @@ class Shard:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ``DataError`` if a token id is outside ``[0, vocab_size)`` (another tokenizer?)."""
+        if len(self.tokens) == 0:
+            return
         hi, lo = int(np.max(self.tokens)), int(np.min(self.tokens))
         if lo < 0 or hi >= vocab_size:
             raise DataError(f"{self.folder}: token ids span [{lo}, {hi}] but the target's vocabulary has "
@@ -150,13 +164,25 @@ class TokenDataset:
             meta = None
         if isinstance(meta, dict) and meta.get("format") == SHARDED_FORMAT:
             self.meta = meta
-            self.shards = [Shard(self.folder / name) for name in meta.get("shards", [])]
-            if not self.shards:
-                raise DataError(f"{self.folder}: the shard index lists no shards; run prepare-data again")
+            names = meta.get("shards")
+            if not isinstance(names, list) or not names or not all(
+                    isinstance(n, str) and re.fullmatch(r"shard_\d+", n) for n in names):
+                raise DataError(f"{self.folder}/meta.json: 'shards' must be a non-empty list of shard_NNNNN names; "
+                                "run prepare-data again")
+            self.shards = [Shard(self.folder / name) for name in names]
+            total = sum(len(x) for x in self.shards)
+            if meta.get("num_sequences") != total:
+                raise DataError(f"{self.folder}/meta.json counts {meta.get('num_sequences')} sequences but its "
+                                f"shards hold {total}; run prepare-data again")
         else:
             self.shards = [Shard(self.folder)]
             self.meta = self.shards[0].meta
         self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+
+    @property
+    def complete(self) -> bool:
+        """False for a sharded dataset whose ``prepare-data`` run has not finished."""
+        return self.meta.get("format") != SHARDED_FORMAT or bool(self.meta.get("complete"))
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -346,11 +372,14 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
     order = np.random.RandomState(seed).permutation(len(prompts))
     settings = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, "seed": seed, "mode": "greedy",
                 "chat": True, "num_prompts": len(prompts), "target": ck.identity,
-                "prompts_sha256": hashlib.sha256("\n".join(p.where + "\t" + p.text for p in prompts).encode()).hexdigest()}
+                "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
     index_path = out / "meta.json"
     if index_path.exists():
-        old = json.loads(index_path.read_text())
-        if old.get("settings") != settings:
+        try:
+            old = json.loads(index_path.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{index_path} exists but is not a dflash-jax data index; choose another --out") from None
+        if not isinstance(old, dict) or old.get("settings") != settings:
             raise DataError(f"{out} holds data prepared from other prompts or settings; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("shard_*.partial-*"):  # left by a kill during a shard write
@@ -387,6 +416,9 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
                                      batch_size=batch_size, stop_ids=stops, progress=progress)
             responses = [s[len(ids[i]):] for s, i in zip(seqs, idx)]
             keep = [j for j, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer holds no anchor
+            if not keep:
+                raise DataError(f"every answer of {name} has fewer than 2 tokens, so there is nothing to train on; "
+                                "raise --max-new-tokens")
             stats = {"sequences": len(keep), "tokens": int(sum(len(seqs[j]) for j in keep)),
                      "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
                      "looping": sum(loops(r) for r in responses), "dropped": len(seqs) - len(keep)}

@@ -56,19 +56,30 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
         raise ConfigError(f"no config file {path} (see configs/ for examples)")
     spec = importlib.util.spec_from_file_location(f"dflash_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a config is user code: report where it broke, in one line
+        raise ConfigError(f"{path} failed to load: {type(e).__name__}: {e}") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path} has no get_config() function")
+    from ml_collections import ConfigDict
+
     cfg = module.get_config()
+    if isinstance(cfg, dict):
+        cfg = ConfigDict(cfg)
+    if not isinstance(cfg, ConfigDict):
+        raise ConfigError(f"{path}: get_config() must return an ml_collections.ConfigDict, got {type(cfg).__name__}")
     for item in overrides:
         key, eq, raw = item.partition("=")
         if not eq:
             raise ConfigError(f"override {item!r} is not key=value")
         node, parts = cfg, key.split(".")
         for p in parts[:-1]:
-            if p not in node:
+            if not hasattr(node, "keys") or p not in node:
                 raise ConfigError(f"unknown config key {key!r}")
             node = node[p]
+        if not hasattr(node, "keys"):
+            raise ConfigError(f"unknown config key {key!r}")
         if parts[-1] not in node:
             raise ConfigError(f"unknown config key {key!r}; keys here: {sorted(node.keys())}")
         try:
@@ -83,7 +94,48 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
         if old is not None and value is not None and type(old) is not type(value):
             raise ConfigError(f"{key}: expected {type(old).__name__}, got {raw!r}")
         node[parts[-1]] = value
+    validate_config(cfg)
     return cfg
+
+
+def validate_config(c) -> None:
+    """Range and type checks of a training config (one clear error instead of a silent no-op or a
+    traceback deep inside the run).
+
+    Raises:
+      ConfigError: naming the field and what it must be.
+    """
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"config: {what}")
+
+    def is_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    for key in ("target", "data", "out_dir"):
+        need(isinstance(c.get(key), str) and c[key], f"{key} must be a non-empty string")
+    need(is_int(c.get("seed")), "seed must be an integer")
+    d, t, e, k = c.drafter, c.train, c.eval, c.ckpt
+    need(is_int(d.num_layers) and d.num_layers >= 1, "drafter.num_layers must be an integer >= 1")
+    need(is_int(d.block_size) and d.block_size >= 2, "drafter.block_size must be an integer >= 2")
+    need(d.mask_token_id is None or is_int(d.mask_token_id), "drafter.mask_token_id must be an integer or None")
+    need(d.sliding_window is None or (is_int(d.sliding_window) and d.sliding_window >= 1),
+         "drafter.sliding_window must be a positive integer or None")
+    for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
+        need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
+    need(t.max_len >= 2, "train.max_len must be >= 2")
+    for key in ("gamma", "lr"):
+        need(isinstance(t[key], (int, float)) and t[key] > 0, f"train.{key} must be a positive number")
+    for key in ("warmup_frac", "weight_decay", "b1", "b2"):
+        need(isinstance(t[key], (int, float)) and 0 <= t[key] <= 1, f"train.{key} must be in [0, 1]")
+    need(isinstance(t.grad_clip, (int, float)) and t.grad_clip > 0, "train.grad_clip must be a positive number")
+    need(t.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype must be 'float32' or 'bfloat16'")
+    need(is_int(e.every) and e.every >= 1, "eval.every must be an integer >= 1")
+    for key in ("val_size", "decode_prompts"):
+        need(is_int(e[key]) and e[key] >= 0, f"eval.{key} must be an integer >= 0")
+    need(is_int(e.decode_max_new_tokens) and e.decode_max_new_tokens >= 1, "eval.decode_max_new_tokens must be >= 1")
+    for key in ("every", "keep"):
+        need(is_int(k[key]) and k[key] >= 1, f"ckpt.{key} must be an integer >= 1")
 
 
 def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
@@ -195,12 +247,20 @@ class Trainer:
 
     def __init__(self, c, log=print):
         from dflash_jax import checkpoint, data
+        from dflash_jax.cli import stop_ids
         from dflash_jax.utils import enable_compilation_cache
 
         enable_compilation_cache()
+        validate_config(c)
         self.c, self.log = c, log
         t = c.train
         self.out = Path(c.out_dir)
+        if self.out.exists() and not self.out.is_dir():
+            raise CheckpointError(f"out_dir {self.out} is a file; choose a folder")
+        for stale in [*self.out.glob("*.partial-*"), *self.out.glob("*.old-*")] if self.out.is_dir() else []:
+            import shutil  # left by a kill during an export: never the live folders
+
+            shutil.rmtree(stale, ignore_errors=True)
         self.target = checkpoint.load_target(c.target, dtype=t.compute_dtype)
         self.tcfg = self.target.cfg
         tok = self.target.tokenizer()
@@ -209,7 +269,14 @@ class Trainer:
             raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
                               f"({t.anchor_chunk})")
         self.ds = data.TokenDataset(c.data)
+        if not self.ds.complete:
+            raise data.DataError(f"{c.data} is still being prepared ({len(self.ds.shards)} shards so far): finish "
+                                 "`dflash-jax prepare-data` (rerun its command) before training on it")
+        if len(self.ds) <= c.eval.val_size:
+            raise data.DataError(f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} "
+                                 "plus training")
         self.ds.check_vocab(self.tcfg.vocab_size)
+        self.stop_ids = stop_ids(tok)
         want = self.ds.meta.get("tokenizer_sha256")
         if want and want != self.target.identity["tokenizer_sha256"]:
             raise data.DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
@@ -303,8 +370,9 @@ class Trainer:
         src = PaddedSource(self.ds, self.val_idx, c.train.max_len)
         total = None
         b = c.train.batch_size // c.train.grad_accum
-        for i in range(0, len(src) - b + 1, b):
-            rows = [src[j] for j in range(i, i + b)]
+        empty = {"tokens": np.zeros(c.train.max_len, np.int32), "loss_mask": np.zeros(c.train.max_len, bool)}
+        for i in range(0, len(src), b):  # the last batch is padded with rows that carry no loss
+            rows = [src[j] if j < len(src) else empty for j in range(i, i + b)]
             batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
             s = self._eval(self.params, self.target.params, batch, jax.random.PRNGKey(c.seed + 1))
             total = s if total is None else jax.tree.map(jnp.add, total, s)
@@ -326,7 +394,7 @@ class Trainer:
             first = int(np.argmax(mask)) if mask.any() else len(tok)
             if first == 0:
                 continue
-            r = self._decoder.generate([tok[:first].tolist()], max_new)[0]
+            r = self._decoder.generate([tok[:first].tolist()], max_new, self.stop_ids)[0]
             lengths += r.acceptance_lengths
         return float(np.mean(lengths)) if lengths else float("nan")
 

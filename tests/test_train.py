@@ -253,6 +253,15 @@ def test_bad_data_is_a_clear_error(tiny, tmp_path):
     np.save(bad / "tokens.npy", np.zeros(7, np.int32))
     with pytest.raises(data.DataError, match="do not match"):
         data.TokenDataset(bad)
+    with pytest.raises(data.DataError, match="integers"):
+        data.write_dataset(tmp_path / "x", [[5, 6.7, 7]], [[False, True, True]])
+    with pytest.raises(data.DataError, match="no two consecutive"):  # an empty last sequence
+        data.write_dataset(tmp_path / "x", [[5, 6, 7], []], [[False, True, True], []])
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    (idx / "meta.json").write_text(json.dumps({"format": data.SHARDED_FORMAT, "shards": "shard_00000"}))
+    with pytest.raises(data.DataError, match="non-empty list"):
+        data.TokenDataset(idx)
     big = data.write_dataset(tmp_path / "big", [[500, 501, 502]], [[False, True, True]])
     with pytest.raises(data.DataError, match="another model"):
         data.TokenDataset(big).check_vocab(96)
@@ -269,7 +278,18 @@ def test_bad_config_and_foreign_checkpoint_are_clear_errors(tiny, tmp_path):
         tiny_config(ck, folder, out, "train.stepz=3")
     with pytest.raises(ConfigError, match="expected int"):
         tiny_config(ck, folder, out, "train.steps=abc")
+    for bad, msg in (("train.gamma=0", "train.gamma"), ("train.num_anchors=0", "train.num_anchors"),
+                     ("train.compute_dtype=bf16", "compute_dtype"), ("drafter.mask_token_id=1.5", "mask_token_id"),
+                     ("eval.every=0", "eval.every"), ("train.lr.x=1", "unknown config key"), ("target=None", "target")):
+        with pytest.raises(ConfigError, match=msg):
+            tiny_config(ck, folder, out, bad)
+    broken = tmp_path / "broken.py"
+    broken.write_text("def get_config(:\n")
+    with pytest.raises(ConfigError, match="broken.py failed to load: SyntaxError"):
+        load_config(broken)
+    (out / "best.partial-x").mkdir(parents=True)  # what a kill during an export leaves
     Trainer(tiny_config(ck, folder, out, "train.steps=2", "ckpt.every=1", "eval.every=100")).run()
+    assert not (out / "best.partial-x").exists()
     before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
     with pytest.raises(checkpoint.CheckpointError, match="another drafter"):
         Trainer(tiny_config(ck, folder, out, "train.steps=2", "drafter.num_layers=1"))
@@ -336,3 +356,34 @@ def test_bfloat16_compute_trains(tiny, tmp_path):
                                   "eval.every=100", "ckpt.every=100"), log=lambda *_: None)
     last = trainer.run()
     assert np.isfinite(last["loss"]) and jax.tree.leaves(trainer.params)[0].dtype == jnp.float32
+
+
+def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
+    """An unfinished prepare-data folder is refused; a validation set smaller than a micro-batch is
+    still evaluated (padded batch), so best/ is written."""
+    ck, folder = tiny
+    import shutil
+
+    part = tmp_path / "part"
+    (part / "shard_00000").parent.mkdir(parents=True)
+    shutil.copytree(folder, part / "shard_00000")
+    n = data.TokenDataset(folder).meta["num_sequences"]
+    (part / "meta.json").write_text(json.dumps({"format": data.SHARDED_FORMAT, "format_version": 1, "complete": False,
+                                                "shards": ["shard_00000"], "num_sequences": n}))
+    with pytest.raises(data.DataError, match="still being prepared"):
+        Trainer(tiny_config(ck, part, tmp_path / "r1"))
+    trainer = Trainer(tiny_config(ck, folder, tmp_path / "r2", "eval.val_size=3", "train.steps=2", "eval.every=2"),
+                      log=lambda *_: None)
+    last = trainer.run()
+    assert np.isfinite(last["val_loss"]) and (tmp_path / "r2" / "best" / "dflash_jax.json").exists()
+
+
+def test_missing_mask_token_is_a_config_error():
+    from dflash_jax.cli import mask_token_id
+
+    class Tok:
+        def get_vocab(self):
+            return {"a": 0, "b": 1}
+
+    with pytest.raises(ConfigError, match="drafter.mask_token_id"):
+        mask_token_id(Tok())
