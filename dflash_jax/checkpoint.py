@@ -100,6 +100,9 @@ def atomic_folder(out: Path, overwrite: bool = False, marker: str = META_FILE):
             f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should be an ordinary folder
     try:
         yield tmp
         if out.exists():  # move the old folder aside in one rename, so a kill never leaves a half-deleted one

@@ -1,4 +1,4 @@
-"""``dflash-jax`` command line: convert, generate, demo.
+"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, demo, prepare-data, train, export-drafter, import-drafter).
 
 Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
 """
@@ -21,7 +21,7 @@ def _add_target(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dflash-jax", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="dflash-jax", description=__doc__.splitlines()[0] + " Every subcommand has --help.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     c.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    g = sub.add_parser("generate", help="decode prompts with the target (greedy)",
-                       description="Greedy decoding with the target model in one jit-compiled loop.")
+    g = sub.add_parser("generate", help="decode prompts: plain, or speculative with a DFlash drafter (greedy)",
+                       description="Greedy decoding in one jit-compiled loop: plain (--drafter none) or lossless "
+                                   "DFlash speculative decoding with a drafter (output identical to plain).")
     _add_target(g)
     g.add_argument("--drafter", default="none",
                    help="drafter folder (dflash-jax checkpoint or released format), 'random' (freshly "
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (the stop token counts)")
     g.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt to stdout")
 
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (shards + meta.json)")
     m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
     m.add_argument("--max-new-tokens", type=int, default=384, help="answer cap")
-    m.add_argument("--batch-size", type=int, default=16)
+    m.add_argument("--batch-size", type=int, default=16, help="prompts the target answers together")
     m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
     m.add_argument("--seed", type=int, default=0, help="prompt order")
 
@@ -88,10 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", required=True, metavar="FILE", help="Python config file with get_config()")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=500 data=data/x")
 
-    d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code")
+    d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code",
+                       description="Answer one chat prompt with plain and with speculative decoding, side by side "
+                                   "(tokens, tau, tokens/s); what `make demo` runs.")
     _add_target(d)
-    d.add_argument("--prompt", default="What is the capital of France, and why is it famous?")
-    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--prompt", default="What is the capital of France, and why is it famous?", help="user message")
+    d.add_argument("--max-new-tokens", type=int, default=128, help="new tokens at most")
     return ap
 
 
@@ -173,6 +176,8 @@ def cmd_generate(args) -> None:
                       block_size=args.block_size)
     except ValueError as e:
         sys.exit(f"error: {e}")
+    log(f"drafter: {args.drafter}" + (f", block size {dec.block_size}" if dec.drafter is not None else
+                                       " (plain decoding)"))
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
     empty = [i for i, ids in enumerate(all_ids) if not ids]
@@ -247,18 +252,23 @@ def cmd_export_drafter(args) -> None:
     from dflash_jax.utils import log
 
     if not (Path(args.drafter) / META_FILE).exists():
-        raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint ({DRAFTER_FORMAT}); "
-                              "a released-format folder needs no export")
+        hint = ("it is already in the released format" if (Path(args.drafter) / "model.safetensors").exists()
+                else "pass a folder written by train (its best/ or drafter/) or by import-drafter")
+        raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint (no {META_FILE}): {hint}")
     params, cfg, identity = read(args.drafter)
     out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
     log(f"wrote released-format drafter {out} ({args.dtype})")
 
 
 def cmd_import_drafter(args) -> None:
+    from dflash_jax.checkpoint import META_FILE, CheckpointError
     from dflash_jax.drafter import check_fits
     from dflash_jax.drafter_io import import_released, save_drafter
     from dflash_jax.utils import log
 
+    if (Path(args.drafter) / META_FILE).exists():
+        raise CheckpointError(f"{args.drafter} is already a dflash-jax drafter checkpoint: use it as it is "
+                              "(--drafter), or export-drafter to get the released format")
     params, cfg, raw = import_released(args.drafter)
     identity = (raw.get("dflash_config") or {}).get("target_identity")
     if args.target is not None:
@@ -296,7 +306,12 @@ def cmd_train(args) -> None:
 
     c = load_config(args.config, args.overrides)
     trainer = Trainer(c, log=log)
-    last = trainer.run()
+    try:
+        last = trainer.run()
+    except KeyboardInterrupt:
+        done = trainer.ckpt.latest_step()
+        sys.exit(f"\ninterrupted at step {trainer.step}; the last checkpoint is step {done}: run the same command "
+                 "again to resume from it")
     if last:
         log(f"step {trainer.step}: loss {last['loss']:.4f}, tau estimate {last['tau_est']:.2f}; "
             f"metrics in {trainer.out / 'metrics.jsonl'}")

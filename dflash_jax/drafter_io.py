@@ -157,6 +157,8 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"drafter folder {folder} does not exist")
+    if (folder / "ckpt").is_dir() and ((folder / "best").is_dir() or (folder / "drafter").is_dir()):
+        raise CheckpointError(f"{folder} is a training run folder; pass its best/ or drafter/ subfolder")
     meta_path = folder / META_FILE
     if not meta_path.exists():
         if not (folder / "config.json").exists():

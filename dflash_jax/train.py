@@ -230,6 +230,16 @@ def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, ga
 # ----------------------------------------------------------------------------- the run
 
 
+def _differences(old, new, prefix: str = "") -> list[str]:
+    """``key: old -> new`` for every leaf that differs between two JSON-like trees."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _differences(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
 def fingerprint(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -332,13 +342,12 @@ class Trainer:
             return
         meta = self.ckpt.restore(last, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         if meta.get("run_id") != self.run_id:
-            old = meta.get("identity", {})
-            diff = sorted(k for k in set(old) | set(self.identity)
-                          if json.dumps(old.get(k), sort_keys=True, default=str)
-                          != json.dumps(self.identity.get(k), sort_keys=True, default=str))
+            diff = _differences(meta.get("identity", {}), json.loads(json.dumps(self.identity, default=str)))
             raise CheckpointError(
-                f"{self.out / 'ckpt'} holds a run with another {', '.join(diff) or 'setup'}; pass another out_dir "
-                "(or remove that folder) to start a new run; nothing was changed")
+                f"{self.out / 'ckpt'} holds a run with another {diff[0].split('.')[0] if diff else 'setup'} "
+                f"({'; '.join(diff[:4]) or 'unknown difference'}); a run cannot change its target, data, drafter "
+                "or training settings (train.steps shapes the schedule): pass another out_dir to start a new run; "
+                "nothing was changed")
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), self._state())
         state = self.ckpt.restore(last, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         self.params, self.opt_state, self.rng = state["params"], state["opt_state"], state["rng"]

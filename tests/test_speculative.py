@@ -286,7 +286,10 @@ def test_drafter_checkpoint_round_trip_through_the_cli(setup, tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main(["generate", "--target", str(ck.path), "--drafter", str(drafter), "--prompt", "t10"])
         assert msg in str(e.value)
-    with pytest.raises(SystemExit, match="needs no export"):
+    with pytest.raises(SystemExit, match="already in the released format"):
         main(["export-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="exists"):
         main(["import-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "back")])
+    with pytest.raises(SystemExit, match="already a dflash-jax drafter"):
+        main(["import-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "y")])
+    assert oct((tmp_path / "back").stat().st_mode & 0o777) != oct(0o700)  # an ordinary folder, not mkdtemp's
