@@ -12,6 +12,7 @@ def get_config() -> ConfigDict:
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"  # a converted checkpoint folder or a known name
     c.data = "data/smollm2"  # token dataset folder (dflash-jax prepare-data)
+    c.data_shards = 0  # 0: all shards (prepare-data must have finished); N: only the first N shards
     c.out_dir = "runs/smollm2_135m"
     c.seed = 0
 

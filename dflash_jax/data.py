@@ -156,8 +156,11 @@ class TokenDataset:
         missing shards.
     """
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, max_shards: int | None = None):
+        """``max_shards``: use only the first N shards of a sharded dataset (a fixed prefix, usable
+        while ``prepare-data`` is still adding shards)."""
         self.folder = Path(folder)
+        self.prefix = False
         try:
             meta = json.loads((self.folder / "meta.json").read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -169,11 +172,17 @@ class TokenDataset:
                     isinstance(n, str) and re.fullmatch(r"shard_\d+", n) for n in names):
                 raise DataError(f"{self.folder}/meta.json: 'shards' must be a non-empty list of shard_NNNNN names; "
                                 "run prepare-data again")
-            self.shards = [Shard(self.folder / name) for name in names]
-            total = sum(len(x) for x in self.shards)
+            shards = [Shard(self.folder / name) for name in names]
+            total = sum(len(x) for x in shards)
             if meta.get("num_sequences") != total:
                 raise DataError(f"{self.folder}/meta.json counts {meta.get('num_sequences')} sequences but its "
                                 f"shards hold {total}; run prepare-data again")
+            if max_shards:
+                if len(shards) < max_shards:
+                    raise DataError(f"{self.folder} has {len(shards)} finished shards, fewer than the "
+                                    f"{max_shards} asked for (data_shards); wait for prepare-data or ask for fewer")
+                shards, self.prefix = shards[:max_shards], True
+            self.shards = shards
         else:
             self.shards = [Shard(self.folder)]
             self.meta = self.shards[0].meta
@@ -181,8 +190,16 @@ class TokenDataset:
 
     @property
     def complete(self) -> bool:
-        """False for a sharded dataset whose ``prepare-data`` run has not finished."""
-        return self.meta.get("format") != SHARDED_FORMAT or bool(self.meta.get("complete"))
+        """False for a sharded dataset whose ``prepare-data`` run has not finished (unless a fixed
+        prefix of shards was asked for)."""
+        return self.prefix or self.meta.get("format") != SHARDED_FORMAT or bool(self.meta.get("complete"))
+
+    @property
+    def identity(self) -> dict:
+        """What a training run records about its data (and checks on resume)."""
+        return {"num_sequences": len(self), "num_tokens": int(sum(s.meta["num_tokens"] for s in self.shards)),
+                "shards": [s.folder.name for s in self.shards], "tokenizer_sha256": self.meta.get("tokenizer_sha256"),
+                "source": self.meta.get("source")}
 
     def __len__(self) -> int:
         return int(self._starts[-1])

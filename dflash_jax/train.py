@@ -115,6 +115,7 @@ def validate_config(c) -> None:
     for key in ("target", "data", "out_dir"):
         need(isinstance(c.get(key), str) and c[key], f"{key} must be a non-empty string")
     need(is_int(c.get("seed")), "seed must be an integer")
+    need(is_int(c.get("data_shards", 0)) and c.get("data_shards", 0) >= 0, "data_shards must be an integer >= 0")
     d, t, e, k = c.drafter, c.train, c.eval, c.ckpt
     need(is_int(d.num_layers) and d.num_layers >= 1, "drafter.num_layers must be an integer >= 1")
     need(is_int(d.block_size) and d.block_size >= 2, "drafter.block_size must be an integer >= 2")
@@ -278,10 +279,11 @@ class Trainer:
         if t.num_anchors % t.anchor_chunk:
             raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
                               f"({t.anchor_chunk})")
-        self.ds = data.TokenDataset(c.data)
+        self.ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
         if not self.ds.complete:
             raise data.DataError(f"{c.data} is still being prepared ({len(self.ds.shards)} shards so far): finish "
-                                 "`dflash-jax prepare-data` (rerun its command) before training on it")
+                                 "`dflash-jax prepare-data` (rerun its command) before training on it, or set "
+                                 "data_shards=N to train on its first N shards")
         if len(self.ds) <= c.eval.val_size:
             raise data.DataError(f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} "
                                  "plus training")
@@ -297,8 +299,7 @@ class Trainer:
         self.batches = data.batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len, seed=c.seed)
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
-            "target": self.target.identity, "data": {k: self.ds.meta.get(k) for k in ("num_sequences", "num_tokens",
-                                                                                       "tokenizer_sha256", "source")},
+            "target": self.target.identity, "data": self.ds.identity,
             "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
         }
         self.run_id = fingerprint(self.identity)

@@ -372,6 +372,10 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
                                                 "shards": ["shard_00000"], "num_sequences": n}))
     with pytest.raises(data.DataError, match="still being prepared"):
         Trainer(tiny_config(ck, part, tmp_path / "r1"))
+    with pytest.raises(data.DataError, match="fewer than the 2"):
+        Trainer(tiny_config(ck, part, tmp_path / "r1", "data_shards=2"))
+    prefix = Trainer(tiny_config(ck, part, tmp_path / "r1", "data_shards=1"), log=lambda *_: None)
+    assert len(prefix.ds) == n and prefix.identity["data"]["shards"] == ["shard_00000"]
     trainer = Trainer(tiny_config(ck, folder, tmp_path / "r2", "eval.val_size=3", "train.steps=2", "eval.every=2"),
                       log=lambda *_: None)
     last = trainer.run()
