@@ -293,6 +293,14 @@ def init_drafter_params(cfg: DrafterConfig, seed: int = 0):
     return nn.meta.unbox(variables)["params"]
 
 
+def drafter_logical_specs(cfg: DrafterConfig):
+    """Pytree of logical ``PartitionSpec`` matching ``init_drafter_params(cfg)`` (for ``sharding``)."""
+    n = len(cfg.target_layer_ids) * cfg.hidden_size
+    args = (jnp.zeros((1, 2, n)), jnp.zeros((1, cfg.block_size, cfg.hidden_size)), jnp.zeros((1, cfg.block_size), jnp.int32))
+    boxed = jax.eval_shape(lambda: Drafter(cfg).init(jax.random.PRNGKey(0), *args, method=Drafter.init_all))
+    return nn.get_partition_spec(boxed)["params"]
+
+
 def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
     """Target LM head on drafter outputs, then ``output_multiplier`` and the optional tanh soft-cap (float32)."""
     from dflash_jax.target import Target

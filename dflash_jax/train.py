@@ -115,6 +115,9 @@ def validate_config(c) -> None:
     for key in ("target", "data", "out_dir"):
         need(isinstance(c.get(key), str) and c[key], f"{key} must be a non-empty string")
     need(is_int(c.get("seed")), "seed must be an integer")
+    mesh = c.get("mesh", (1, 1, 1))
+    need(isinstance(mesh, (tuple, list)) and len(mesh) == 3 and all(is_int(x) and x >= 1 for x in mesh),
+         "mesh must be three positive integers (data, fsdp, tensor)")
     need(is_int(c.get("data_shards", 0)) and c.get("data_shards", 0) >= 0, "data_shards must be an integer >= 0")
     d, t, e, k = c.drafter, c.train, c.eval, c.ckpt
     need(is_int(d.num_layers) and d.num_layers >= 1, "drafter.num_layers must be an integer >= 1")
@@ -214,6 +217,45 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
 
 
+def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk):
+    """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
+
+    Parameters of the drafter and the frozen target are laid out by the logical-axis table
+    (``dflash_jax.sharding``); the batch ``[accum, b, T]`` is split over ``data`` x ``fsdp`` along
+    ``b``; the optimiser state follows the parameters; metrics are replicated.
+
+    Returns:
+      ``(step_fn, param_shardings, batch_sharding)``; ``step_fn(params, opt_state, target_params,
+      batch, rng)`` donates ``params`` and ``opt_state``.
+    """
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from dflash_jax.drafter import drafter_logical_specs
+    from dflash_jax.sharding import axis_rules, logical_spec, logical_to_sharding
+
+    param_sh = logical_to_sharding(drafter_logical_specs(dcfg), mesh)
+    target_sh = jax.tree.map(lambda x: x.sharding, target_params)
+    state_shape = jax.eval_shape(opt.init, params)
+    # the optimiser moments mirror the parameters: a leaf gets the sharding of a parameter of its shape
+    # (scalars such as the step count are replicated)
+    by_shape = {}
+    for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(param_sh)):
+        by_shape.setdefault((tuple(leaf.shape), str(leaf.dtype)), sh)
+    opt_sh = jax.tree.map(lambda x: by_shape.get((tuple(x.shape), str(x.dtype)), NamedSharding(mesh, P())), state_shape)
+    batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
+    rep = NamedSharding(mesh, P())
+    step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
+                   anchor_chunk=anchor_chunk)
+    jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, {"tokens": batch_sh, "loss_mask": batch_sh}, rep),
+                     out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
+
+    def run(*args):
+        with axis_rules(), jax.set_mesh(mesh):
+            return jitted(*args)
+
+    return run, param_sh, batch_sh, opt_sh
+
+
 def summarise(s: loss_lib.BlockStats) -> dict:
     """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``."""
     acc = s.correct / jnp.maximum(s.count, 1.0)
@@ -272,7 +314,14 @@ class Trainer:
             import shutil  # left by a kill during an export: never the live folders
 
             shutil.rmtree(stale, ignore_errors=True)
-        self.target = checkpoint.load_target(c.target, dtype=t.compute_dtype)
+        from dflash_jax.sharding import make_mesh
+
+        self.mesh = make_mesh(tuple(c.get("mesh", (1, 1, 1))))
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if (t.batch_size // t.grad_accum) % shards:
+            raise ConfigError(f"the micro-batch (train.batch_size / train.grad_accum = {t.batch_size // t.grad_accum}) "
+                              f"must be a multiple of data x fsdp = {shards} of mesh {tuple(c.mesh)}")
+        self.target = checkpoint.load_target(c.target, dtype=t.compute_dtype, mesh=self.mesh)
         self.tcfg = self.target.cfg
         tok = self.target.tokenizer()
         self.dcfg = drafter_config(c, self.tcfg, tok)
@@ -305,11 +354,13 @@ class Trainer:
         self.run_id = fingerprint(self.identity)
         kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
                   anchor_chunk=t.anchor_chunk)
-        self._step = jax.jit(partial(train_step, opt=self.opt, **kw), donate_argnums=(0, 1))
+        params = init_drafter_params(self.dcfg, seed=c.seed)
+        self._step, param_sh, self.batch_sh, opt_sh = sharded_step(self.mesh, params, self.target.params,
+                                                                    opt=self.opt, **kw)
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
-        self.params = init_drafter_params(self.dcfg, seed=c.seed)
-        self.opt_state = self.opt.init(self.params)
+        self.params = jax.device_put(params, param_sh)
+        self.opt_state = jax.device_put(self.opt.init(params), opt_sh)
         self.step = 0
         self.best = math.inf
         self.ckpt = self._manager()
@@ -349,7 +400,12 @@ class Trainer:
                 f"({'; '.join(diff[:4]) or 'unknown difference'}); a run cannot change its target, data, drafter "
                 "or training settings (train.steps shapes the schedule): pass another out_dir to start a new run; "
                 "nothing was changed")
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), self._state())
+        def spec(x):  # restore onto this run's mesh, whatever mesh wrote the checkpoint
+            if isinstance(x, jax.Array):
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+            return jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+
+        abstract = jax.tree.map(spec, self._state())
         state = self.ckpt.restore(last, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         self.params, self.opt_state, self.rng = state["params"], state["opt_state"], state["rng"]
         self.step, self.best = int(state["step"]), float(meta.get("best_val_loss", math.inf))
@@ -431,7 +487,8 @@ class Trainer:
             b = self.batches[self.step]
             batch = {k: v.reshape(accum, micro, *v.shape[1:]) for k, v in b.items()}
             t0 = time.perf_counter()
-            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params, batch,
+            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params,
+                                                        jax.device_put(batch, self.batch_sh),
                                                         jax.random.fold_in(self.rng, self.step))
             m = jax.device_get(m)
             dt = time.perf_counter() - t0

@@ -1,0 +1,75 @@
+"""Sharding changes nothing but speed: the training step on meshes of 8 simulated CPU devices."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from dflash_jax import checkpoint, data
+from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.sharding import make_mesh
+from dflash_jax.train import sharded_step, train_step
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models):
+    from helpers import make_hf_model  # noqa: F401  (tiny_models builds the checkpoints)
+
+    _, _, path = tiny_models["qwen3"]
+    ck = checkpoint.load_target(path)
+    rs = np.random.RandomState(0)
+    seqs = [rs.randint(4, 96, 40).tolist() for _ in range(8)]
+    masks = [[False] * 10 + [True] * 30 for _ in range(8)]
+    batch = {"tokens": np.asarray(seqs, np.int32).reshape(1, 8, 40), "loss_mask": np.asarray(masks).reshape(1, 8, 40)}
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=4, mask_token_id=3)
+    return path, ck, dcfg, batch
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 2, 4)])
+def test_sharded_training_step_equals_single_device(setup, shape):
+    path, ck, dcfg, batch = setup
+    opt = optax.sgd(1.0)  # the update is minus the gradient: compare gradients, not Adam's sign-like steps
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=8, gamma=4.0, anchor_chunk=4)
+    params = jax.tree.map(np.asarray, init_drafter_params(dcfg, seed=0))  # host copies: the step donates
+    rng = jax.random.PRNGKey(0)
+    want_p, _, want_m = jax.jit(lambda p, s: train_step(p, s, ck.params, batch, rng, **kw))(params, opt.init(params))
+
+    mesh = make_mesh(shape)
+    target = checkpoint.load_target(path, mesh=mesh).params
+    step, param_sh, batch_sh, opt_sh = sharded_step(mesh, params, target, **kw)
+    p = jax.device_put(params, param_sh)
+    s = jax.device_put(opt.init(params), opt_sh)
+    got_p, _, got_m = step(p, s, target, jax.device_put(batch, batch_sh), rng)
+    assert len(jax.tree.leaves(got_p)[0].sharding.device_set) == 8
+    np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(got_m["grad_norm"]), float(want_m["grad_norm"]), rtol=1e-4)
+    # gradients agree to 1e-4 of their largest entry (float32; the sums run in another order per mesh)
+    for p0, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got_p), jax.tree.leaves(want_p)):
+        ga, gb = np.asarray(p0) - np.asarray(a), np.asarray(p0) - np.asarray(b)
+        np.testing.assert_allclose(ga, gb, rtol=0, atol=1e-4 * np.abs(gb).max() + 1e-9)
+
+
+def test_trainer_on_a_mesh_resumes_on_another(tiny_models, tmp_path):
+    """Two steps on (2, 2, 2), checkpoint, two more on (1, 2, 4): the losses follow a single-device
+    run (float tolerance: the reductions run in another order)."""
+    from test_train import tiny_config  # the same small training config
+
+    from dflash_jax.train import Trainer
+
+    _, _, path = tiny_models["qwen3"]
+    ck = checkpoint.load_target(path)
+    rs = np.random.RandomState(1)
+    folder = data.write_dataset(tmp_path / "d", [rs.randint(4, 96, 40).tolist() for _ in range(48)],
+                                [[False] * 8 + [True] * 32 for _ in range(48)])
+    extra = ("train.steps=4", "ckpt.every=2", "eval.every=100", "eval.val_size=8")
+    single = Trainer(tiny_config(ck, folder, tmp_path / "one", *extra), log=lambda *_: None)
+    single.run()
+    Trainer(tiny_config(ck, folder, tmp_path / "m", *extra, "mesh=(2, 2, 2)"), log=lambda *_: None).run(stop_after=2)
+    other = Trainer(tiny_config(ck, folder, tmp_path / "m", *extra, "mesh=(1, 2, 4)"), log=lambda *_: None)
+    assert other.step == 2 and len(jax.tree.leaves(other.params)[0].sharding.device_set) == 8
+    other.run()
+    import json
+
+    a = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x)["loss"] for x in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(b, a, rtol=1e-4)
