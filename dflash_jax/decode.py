@@ -184,7 +184,7 @@ class Decoder:
     length to a multiple of 256, so a new prompt reuses an executable compiled earlier.
     """
 
-    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None):
+    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None, mesh=None):
         """Args:
           target_params, cfg: the target (``Target`` parameters and config).
           drafter: ``None`` (plain decoding, block size 1), ``(params, DrafterConfig)``, or
@@ -194,6 +194,9 @@ class Decoder:
             cache, anchor, start, block_valid, block_len) -> [B, block_len - 1] int32``
             (``DraftStep`` is the real one; tests plug in an oracle).
           block_size: speculative block size (default: the drafter's).
+          mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
+            (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
+            so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
 
         Raises:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``).
@@ -201,7 +204,7 @@ class Decoder:
         from dflash_jax.drafter import DrafterConfig, DraftStep
 
         # Host (numpy) parameters would be copied to the device on every call: place them once.
-        self.params, self.cfg = _on_device(target_params), cfg
+        self.params, self.cfg, self.mesh = _on_device(target_params), cfg, mesh
         self.drafter_params, self.drafter = None, None
         if drafter is None:
             if block_size not in (None, 1):
@@ -229,13 +232,23 @@ class Decoder:
         key = (shape, num_stop)
         if key in self._compiled:
             return (*self._compiled[key], 0.0)
+        if self.mesh is not None:
+            from dflash_jax.sharding import axis_rules
+
+            with axis_rules(), jax.set_mesh(self.mesh):
+                return self._compile(shape, num_stop, key)
+        return self._compile(shape, num_stop, key)
+
+    def _compile(self, shape: LoopShape, num_stop: int, key):
         t0 = time.perf_counter()
         b, p = shape.batch, shape.prompt_len
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter))
         args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop))
         pre_c = pre.lower(*args).compile()
-        state_abstract = jax.eval_shape(pre, *args)
+        # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh)
+        state_abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                      jax.eval_shape(pre, *args), pre_c.output_shardings)
         loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter), donate_argnums=(2,))
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
         self._compiled[key] = (pre_c, loop_c)

@@ -73,3 +73,24 @@ def test_trainer_on_a_mesh_resumes_on_another(tiny_models, tmp_path):
     a = [json.loads(x)["loss"] for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x)["loss"] for x in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
     np.testing.assert_allclose(b, a, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (4, 1, 2)])
+def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape):
+    from dflash_jax.decode import Decoder
+
+    _, _, path = tiny_models["qwen3"]
+    ck = checkpoint.load_target(path)
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    dparams = init_drafter_params(dcfg, seed=2)
+    rs = np.random.RandomState(4)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (3, 17, 9, 30)]
+    want = Decoder(ck.params, ck.cfg, drafter=(dparams, dcfg)).generate(prompts, 20, [7])
+    mesh = make_mesh(shape)
+    sharded = checkpoint.load_target(path, mesh=mesh)
+    dec = Decoder(sharded.params, ck.cfg, drafter=(dparams, dcfg), mesh=mesh)
+    got = dec.generate(prompts, 20, [7])
+    for w, g in zip(want, got):
+        assert (g.token_ids, g.acceptance_lengths) == (w.token_ids, w.acceptance_lengths)
+    k = sharded.params["layers_0"]["attn"]["k_proj"]
+    assert len(k.sharding.device_set) == 8
