@@ -253,6 +253,7 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
         with axis_rules(), jax.set_mesh(mesh):
             return jitted(*args)
 
+    run.jitted = jitted  # for ahead-of-time lowering (launch/memory_plan.py)
     return run, param_sh, batch_sh, opt_sh
 
 
