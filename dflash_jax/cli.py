@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "last checkpoint in its out_dir; override config fields with key=value.")
     t.add_argument("--config", required=True, metavar="FILE", help="Python config file with get_config()")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=500 data=data/x")
+    t.add_argument("--distributed", action="store_true",
+                   help="multi-host: join the job through jax.distributed (cluster auto-detected on TPU pods, "
+                        "SLURM and GKE; else give the three options below); see launch/")
+    t.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (implies --distributed)")
+    t.add_argument("--num-processes", type=int, help="processes in the job")
+    t.add_argument("--process-id", type=int, help="this process's rank, 0..N-1")
 
     d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code",
                        description="Answer one chat prompt with plain and with speculative decoding, side by side "
@@ -305,6 +311,14 @@ def cmd_train(args) -> None:
     from dflash_jax.utils import log
 
     c = load_config(args.config, args.overrides)
+    if args.distributed or args.coordinator:
+        from dflash_jax import distributed
+
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+        import jax
+
+        log(f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
+            f"{len(jax.devices())} in all")
     trainer = Trainer(c, log=log)
     try:
         last = trainer.run()

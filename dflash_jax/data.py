@@ -242,6 +242,15 @@ def split_indices(n: int, val_size: int, seed: int = 0) -> tuple[np.ndarray, np.
     return np.sort(perm[val_size:]), np.sort(perm[:val_size])
 
 
+def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0):
+    """Random-access grain dataset of training rows, reshuffled every epoch and repeated forever:
+    ``[j]`` -> ``{"tokens", "loss_mask"}`` ``[max_len]``. Batch ``s`` of size ``B`` is rows
+    ``s*B .. s*B+B-1`` (the same order as ``batches``), so any process can read just its rows."""
+    import grain
+
+    return grain.MapDataset.source(PaddedSource(ds, indices, max_len, pad_id)).shuffle(seed=seed).repeat(None)
+
+
 def batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int, seed: int, pad_id: int = 0):
     """Random-access grain dataset of training batches: ``[step]`` -> ``{"tokens", "loss_mask"}``
     arrays ``[batch_size, max_len]``; reshuffled every epoch, repeated forever."""

@@ -130,7 +130,10 @@ def save_drafter(params, cfg: DrafterConfig, out: str | Path, *, target_identity
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
     with atomic_folder(Path(out), overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg.to_released(target_identity), indent=2))
-        ckptr = ocp.StandardCheckpointer()
+        # host numpy arrays, written by this process alone (in a multi-host job only process 0 exports)
+        only_me = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                                     active_processes={jax.process_index()})
+        ckptr = ocp.StandardCheckpointer(multiprocessing_options=only_me)
         ckptr.save((tmp / "params").resolve(), params)
         ckptr.wait_until_finished()
         meta = {"format": DRAFTER_FORMAT, "format_version": 1, "target_identity": target_identity,

@@ -346,7 +346,7 @@ class Trainer:
         micro = t.batch_size // t.grad_accum
         if micro * t.grad_accum != t.batch_size:
             raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
-        self.batches = data.batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len, seed=c.seed)
+        self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed)
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
             "target": self.target.identity, "data": self.ds.identity,
@@ -376,7 +376,7 @@ class Trainer:
         return ocp.CheckpointManager((self.out / "ckpt").resolve(), options=opts)
 
     def _state(self):
-        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step), "rng": self.rng}
+        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step), "rng": np.asarray(self.rng)}
 
     def save(self):
         import orbax.checkpoint as ocp
@@ -429,6 +429,33 @@ class Trainer:
         os.replace(tmp, path)
         return open(path, "a")
 
+    # -- input
+    def global_batch(self, step: int) -> dict:
+        """The batch of ``step`` as global arrays ``[accum, micro, T]`` split over data x fsdp.
+
+        Row ``j`` of step ``s`` is element ``s * batch_size + j`` of the shuffled, repeated grain
+        dataset (so a restart at step ``s`` sees exactly the same data), and each process reads only
+        the rows its own devices hold (per-host data sharding).
+        """
+        t = self.c.train
+        accum, micro = t.grad_accum, t.batch_size // t.grad_accum
+        shape = (accum, micro, t.max_len)
+        cache: dict[int, dict] = {}
+
+        def row(a: int, r: int) -> dict:
+            j = step * t.batch_size + a * micro + r
+            if j not in cache:
+                cache[j] = self.rows[j]
+            return cache[j]
+
+        def fetch(key):
+            def cb(index):
+                a_idx, r_idx = range(accum)[index[0]], range(micro)[index[1]]
+                return np.stack([np.stack([row(a, r)[key][index[2]] for r in r_idx]) for a in a_idx])
+            return jax.make_array_from_callback(shape, self.batch_sh, cb)
+
+        return {"tokens": fetch("tokens"), "loss_mask": fetch("loss_mask")}
+
     # -- validation
     def validate(self) -> dict:
         c = self.c
@@ -440,13 +467,20 @@ class Trainer:
         empty = {"tokens": np.zeros(c.train.max_len, np.int32), "loss_mask": np.zeros(c.train.max_len, bool)}
         for i in range(0, len(src), b):  # the last batch is padded with rows that carry no loss
             rows = [src[j] if j < len(src) else empty for j in range(i, i + b)]
-            batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+            batch = {k: self._global(np.stack([r[k] for r in rows])) for k in rows[0]}
             s = self._eval(self.params, self.target.params, batch, jax.random.PRNGKey(c.seed + 1))
             total = s if total is None else jax.tree.map(jnp.add, total, s)
         out = {f"val_{k}": v for k, v in summarise(total).items()} if total is not None else {}
-        if c.eval.decode_prompts:
+        if c.eval.decode_prompts and jax.process_count() == 1:  # a real decode runs on one host
             out["val_decode_tau"] = self.decode_tau(c.eval.decode_prompts, c.eval.decode_max_new_tokens)
         return out
+
+    def _global(self, x: np.ndarray):
+        """A host array (the same on every process) as a global array split over data x fsdp."""
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        sh = NamedSharding(self.mesh, P(*self.batch_sh.spec[1:]))
+        return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
 
     def decode_tau(self, n: int, max_new: int) -> float:
         """Real speculative decoding of ``n`` validation prompts (prompt = tokens before the response)."""
@@ -466,30 +500,39 @@ class Trainer:
         return float(np.mean(lengths)) if lengths else float("nan")
 
     def export(self, name: str):
+        """Write the current drafter as ``out_dir/name`` (process 0; all processes gather it)."""
+        from jax.experimental import multihost_utils
+
+        from dflash_jax.distributed import is_main
         from dflash_jax.drafter_io import save_drafter
 
-        return save_drafter(self.params, self.dcfg, self.out / name, target_identity=self.target.identity,
-                            overwrite=True, extra_meta={"step": self.step, "run_id": self.run_id})
+        params = multihost_utils.process_allgather(self.params, tiled=True) if jax.process_count() > 1 else self.params
+        if is_main():
+            save_drafter(params, self.dcfg, self.out / name, target_identity=self.target.identity,
+                         overwrite=True, extra_meta={"step": self.step, "run_id": self.run_id})
+        return self.out / name
 
     # -- the loop
     def run(self, stop_after: int | None = None):
         """Train until ``train.steps`` (or ``stop_after`` more steps); returns the last metrics."""
         from tqdm import tqdm
 
+        from dflash_jax.distributed import is_main
+
         c, t = self.c, self.c.train
+        main = is_main()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(c.to_dict(), indent=2))
+        if main:
+            (self.out / "config.json").write_text(json.dumps(c.to_dict(), indent=2))
         end = t.steps if stop_after is None else min(t.steps, self.step + stop_after)
-        logf = self._open_log()
+        logf = self._open_log() if main else open(os.devnull, "w")
         last: dict = {}
-        bar = tqdm(total=t.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
-        accum, micro = t.grad_accum, t.batch_size // t.grad_accum
+        bar = tqdm(total=t.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                   **({} if main else {"disable": True}))
         while self.step < end:
-            b = self.batches[self.step]
-            batch = {k: v.reshape(accum, micro, *v.shape[1:]) for k, v in b.items()}
+            batch = self.global_batch(self.step)
             t0 = time.perf_counter()
-            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params,
-                                                        jax.device_put(batch, self.batch_sh),
+            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params, batch,
                                                         jax.random.fold_in(self.rng, self.step))
             m = jax.device_get(m)
             dt = time.perf_counter() - t0

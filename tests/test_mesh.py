@@ -94,3 +94,42 @@ def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape)
         assert (g.token_ids, g.acceptance_lengths) == (w.token_ids, w.acceptance_lengths)
     k = sharded.params["layers_0"]["attn"]["k_proj"]
     assert len(k.sharding.device_set) == 8
+
+
+def test_two_processes_train_like_one(tiny_models, tmp_path):
+    """Two processes on this machine (4 CPU devices each, gloo collectives, jax.distributed) train
+    a few steps on a (2, 2, 2) mesh and log the same losses as one process with 8 devices."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, _, path = tiny_models["qwen3"]
+    rs = np.random.RandomState(2)
+    folder = data.write_dataset(tmp_path / "d", [rs.randint(4, 96, 40).tolist() for _ in range(48)],
+                                [[False] * 8 + [True] * 32 for _ in range(48)])
+    root = Path(__file__).resolve().parents[1]
+    base = [sys.executable, "-m", "dflash_jax.cli", "train", "--config", str(root / "configs" / "smollm2_135m.py"),
+            f"target={path}", f"data={folder}", "drafter.num_layers=1", "drafter.block_size=4", "train.max_len=40",
+            "train.num_anchors=8", "train.anchor_chunk=4", "train.batch_size=8", "train.steps=3", "ckpt.every=3",
+            "eval.every=100", "eval.val_size=8", "eval.decode_prompts=0", "mesh=(2, 2, 2)"]
+    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1"}
+    one = subprocess.run(base + [f"out_dir={tmp_path / 'one'}"], env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    procs = [subprocess.Popen(base + [f"out_dir={tmp_path / 'two'}", "--coordinator", f"localhost:{port}",
+                                      "--num-processes", "2", "--process-id", str(i)],
+                              env=env2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert "process 1 of 2: 4 local devices, 8 in all" in outs[1][1]
+    a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [1, 2, 3]
+    np.testing.assert_allclose([r["loss"] for r in b], [r["loss"] for r in a], rtol=1e-5)
+    assert (tmp_path / "two" / "drafter" / "dflash_jax.json").exists()  # exported once, by process 0

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Multi-host training on a plain list of hosts (no scheduler): one process per host, started over
+# ssh, joined through jax.distributed with host 0 as the coordinator.
+#
+#   launch/train_hosts.sh "host0 host1 host2 host3" configs/qwen3_8b.py mesh='(1, 8, 4)'
+#
+# Every host needs this repository at the same path with `make install` done, the converted
+# target and the data at the paths the config names (a shared filesystem is simplest), and
+# out_dir on a filesystem all hosts see (orbax writes checkpoints collectively).
+set -euo pipefail
+HOSTS=($1); CONFIG=$2; shift 2
+PORT=${PORT:-12355}
+COORD="${HOSTS[0]}:${PORT}"
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+pids=()
+for i in "${!HOSTS[@]}"; do
+  ssh "${HOSTS[$i]}" "cd $REPO && .venv/bin/dflash-jax train --config $CONFIG $* \
+      --coordinator $COORD --num-processes ${#HOSTS[@]} --process-id $i" &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
