@@ -3,6 +3,7 @@
 # ssh, joined through jax.distributed with host 0 as the coordinator.
 #
 #   launch/train_hosts.sh "host0 host1 host2 host3" configs/qwen3_8b.py mesh='(1, 8, 4)'
+#   PORT=12400 launch/train_hosts.sh "localhost localhost" configs/smollm2_135m.py ...   # one machine
 #
 # Every host needs this repository at the same path with `make install` done, the converted
 # target and the data at the paths the config names (a shared filesystem is simplest), and
@@ -13,9 +14,17 @@ PORT=${PORT:-12355}
 COORD="${HOSTS[0]}:${PORT}"
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 pids=()
+ARGS=$(printf '%q ' "$@")
 for i in "${!HOSTS[@]}"; do
-  ssh "${HOSTS[$i]}" "cd $REPO && .venv/bin/dflash-jax train --config $CONFIG $* \
-      --coordinator $COORD --num-processes ${#HOSTS[@]} --process-id $i" &
+  CMD="cd $REPO && .venv/bin/dflash-jax train --config $CONFIG $ARGS --coordinator $COORD \
+       --num-processes ${#HOSTS[@]} --process-id $i"
+  if [[ "${HOSTS[$i]}" == localhost ]]; then
+    bash -c "$CMD" &  # several processes on this machine (how the tests run it)
+  else
+    ssh "${HOSTS[$i]}" "$CMD" &
+  fi
   pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p"; done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=$?; done
+exit $status

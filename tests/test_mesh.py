@@ -97,8 +97,9 @@ def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape)
 
 
 def test_two_processes_train_like_one(tiny_models, tmp_path):
-    """Two processes on this machine (4 CPU devices each, gloo collectives, jax.distributed) train
-    a few steps on a (2, 2, 2) mesh and log the same losses as one process with 8 devices."""
+    """``launch/train_hosts.sh "localhost localhost"``: two processes on this machine (4 CPU devices
+    each, gloo collectives, jax.distributed) train a few steps on a (2, 2, 2) mesh and log the same
+    losses as one process with 8 devices."""
     import json
     import os
     import socket
@@ -121,13 +122,12 @@ def test_two_processes_train_like_one(tiny_models, tmp_path):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    procs = [subprocess.Popen(base + [f"out_dir={tmp_path / 'two'}", "--coordinator", f"localhost:{port}",
-                                      "--num-processes", "2", "--process-id", str(i)],
-                              env=env2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs[0][1][-2000:] + outs[1][1][-2000:]
-    assert "process 1 of 2: 4 local devices, 8 in all" in outs[1][1]
+    env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PORT": str(port)}
+    script = [str(root / "launch" / "train_hosts.sh"), "localhost localhost", base[5]]
+    two = subprocess.run(script + base[6:] + [f"out_dir={tmp_path / 'two'}"], env=env2, capture_output=True,
+                         text=True, timeout=600, cwd=root)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "process 1 of 2: 4 local devices, 8 in all" in two.stderr
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in b] == [1, 2, 3]
