@@ -188,6 +188,25 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
         assert r.acceptance_lengths == o.acceptance_lengths
         assert r.token_ids == o.output_ids[0, len(p):].tolist()
 
+    # with real multi-token rounds: a stop token and the length limit that cut a round short
+    cut = {"stop": 0, "limit": 0}
+    for p, r in zip(prompts, results):
+        ends = np.cumsum([0] + r.acceptance_lengths)  # round k commits new tokens ends[k]+1 .. ends[k+1]
+        inner = [i for i in range(1, len(r.token_ids)) if i not in ends and r.token_ids.index(r.token_ids[i]) == i]
+        cases = [([r.token_ids[inner[0]]], 48, "stop")] if inner else []
+        long = [k for k, a in enumerate(r.acceptance_lengths) if a >= 3]
+        if long:
+            cases.append(([], int(ends[long[0]]) + 1 + r.acceptance_lengths[long[0]] // 2, "limit"))
+        for stop, n_new, kind in cases:
+            ours = dec.generate([p], n_new, stop)[0]
+            o = dflash_generate(ref, ck.hf, torch.tensor([p]), max_new_tokens=n_new, stop_token_ids=stop or None,
+                                return_stats=True)
+            assert ours.acceptance_lengths == o.acceptance_lengths
+            assert ours.token_ids == o.output_ids[0, len(p):].tolist()
+            k = len(ours.acceptance_lengths) - 1
+            cut[kind] += ours.acceptance_lengths[k] < r.acceptance_lengths[k]  # the last round was cut short
+    assert cut["stop"] >= 1 and cut["limit"] >= 1, cut
+
 
 def test_plot_metrics(trained, tmp_path):
     _, _, out, _, _ = trained
