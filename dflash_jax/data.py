@@ -8,9 +8,14 @@ On-disk format (a folder, written atomically by ``write_dataset``)::
     loss_mask.npy   bool  [M]   True on supervised tokens (the target's own response)
     offsets.npy     int64 [N+1] sequence i is tokens[offsets[i]:offsets[i+1]]
 
-The arrays are memory-mapped, so a dataset larger than RAM is fine. Batches come from a grain
-``MapDataset`` (shuffled per epoch with a seed, repeated, batched); it is random-access, so the
-batch of step ``s`` is ``dataset[s]`` and resuming at step ``s`` is exact.
+``prepare`` (``dflash-jax prepare-data``) writes such folders as shards ``shard_00000/`` ... under
+one folder whose ``meta.json`` (format ``dflash-jax-tokens-sharded``) indexes them;
+``TokenDataset`` reads either layout.
+
+The arrays are memory-mapped, so a dataset larger than RAM is fine. Training rows come from a
+grain ``MapDataset`` (shuffled per epoch with a seed, repeated); it is random-access, so batch
+``s`` is rows ``s*B .. s*B+B-1``, resuming at step ``s`` is exact, and each host of a multi-host
+job reads only the rows its devices hold.
 """
 
 from __future__ import annotations
@@ -245,19 +250,10 @@ def split_indices(n: int, val_size: int, seed: int = 0) -> tuple[np.ndarray, np.
 def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0):
     """Random-access grain dataset of training rows, reshuffled every epoch and repeated forever:
     ``[j]`` -> ``{"tokens", "loss_mask"}`` ``[max_len]``. Batch ``s`` of size ``B`` is rows
-    ``s*B .. s*B+B-1`` (the same order as ``batches``), so any process can read just its rows."""
+    ``s*B .. s*B+B-1``, so a restart at step ``s`` is exact and each process reads just its rows."""
     import grain
 
     return grain.MapDataset.source(PaddedSource(ds, indices, max_len, pad_id)).shuffle(seed=seed).repeat(None)
-
-
-def batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int, seed: int, pad_id: int = 0):
-    """Random-access grain dataset of training batches: ``[step]`` -> ``{"tokens", "loss_mask"}``
-    arrays ``[batch_size, max_len]``; reshuffled every epoch, repeated forever."""
-    import grain
-
-    src = PaddedSource(ds, indices, max_len, pad_id)
-    return grain.MapDataset.source(src).shuffle(seed=seed).repeat(None).batch(batch_size, drop_remainder=True)
 
 
 # ----------------------------------------------------------------------------- making data
