@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -34,6 +35,7 @@ import optax
 from dflash_jax import loss as loss_lib
 from dflash_jax.checkpoint import CheckpointError
 from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
+from dflash_jax.sharding import make_mesh
 from dflash_jax.target import ConfigError, TargetConfig
 
 Array = jax.Array
@@ -308,27 +310,28 @@ class Trainer:
         validate_config(c)
         self.c, self.log = c, log
         t = c.train
+        micro = t.batch_size // t.grad_accum
+        # shape checks first: a bad config fails before anything is loaded
+        if micro * t.grad_accum != t.batch_size:
+            raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
+        if t.num_anchors % t.anchor_chunk:
+            raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
+                              f"({t.anchor_chunk})")
+        self.mesh = make_mesh(tuple(c.get("mesh", (1, 1, 1))))
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if micro % shards:
+            raise ConfigError(f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
+                              f"of data x fsdp = {shards} of mesh {tuple(c.mesh)}")
         self.out = Path(c.out_dir)
         if self.out.exists() and not self.out.is_dir():
             raise CheckpointError(f"out_dir {self.out} is a file; choose a folder")
-        for stale in [*self.out.glob("*.partial-*"), *self.out.glob("*.old-*")] if self.out.is_dir() else []:
-            import shutil  # left by a kill during an export: never the live folders
-
-            shutil.rmtree(stale, ignore_errors=True)
-        from dflash_jax.sharding import make_mesh
-
-        self.mesh = make_mesh(tuple(c.get("mesh", (1, 1, 1))))
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if (t.batch_size // t.grad_accum) % shards:
-            raise ConfigError(f"the micro-batch (train.batch_size / train.grad_accum = {t.batch_size // t.grad_accum}) "
-                              f"must be a multiple of data x fsdp = {shards} of mesh {tuple(c.mesh)}")
+        if self.out.is_dir() and jax.process_index() == 0:  # leftovers of a kill during an export
+            for stale in [*self.out.glob("*.partial-*"), *self.out.glob("*.old-*")]:
+                shutil.rmtree(stale, ignore_errors=True)
         self.target = checkpoint.load_target(c.target, dtype=t.compute_dtype, mesh=self.mesh)
         self.tcfg = self.target.cfg
         tok = self.target.tokenizer()
         self.dcfg = drafter_config(c, self.tcfg, tok)
-        if t.num_anchors % t.anchor_chunk:
-            raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
-                              f"({t.anchor_chunk})")
         self.ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
         if not self.ds.complete:
             raise data.DataError(f"{c.data} is still being prepared ({len(self.ds.shards)} shards so far): finish "
@@ -343,9 +346,6 @@ class Trainer:
         if want and want != self.target.identity["tokenizer_sha256"]:
             raise data.DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
         self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed)
-        micro = t.batch_size // t.grad_accum
-        if micro * t.grad_accum != t.batch_size:
-            raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
         self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed)
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
@@ -376,7 +376,8 @@ class Trainer:
         return ocp.CheckpointManager((self.out / "ckpt").resolve(), options=opts)
 
     def _state(self):
-        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step), "rng": np.asarray(self.rng)}
+        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step),
+                "rng": np.asarray(self.rng)}  # a host array: orbax cannot save a single-device one across hosts
 
     def save(self):
         import orbax.checkpoint as ocp
