@@ -94,6 +94,9 @@ def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape)
         assert (g.token_ids, g.acceptance_lengths) == (w.token_ids, w.acceptance_lengths)
     k = sharded.params["layers_0"]["attn"]["k_proj"]
     assert len(k.sharding.device_set) == 8
+    (prefill, _), = dec._compiled.values()
+    cache_k = prefill.output_shardings.target_cache[0][0]  # [batch, cache_length, kv_heads, head_dim]
+    assert cache_k.spec[2] == "tensor" and cache_k.spec[0] in (("data", "fsdp"), "data")  # heads, batch split
 
 
 def test_two_processes_train_like_one(tiny_models, tmp_path):
