@@ -237,15 +237,12 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
 
     param_sh = logical_to_sharding(drafter_logical_specs(dcfg), mesh)
     target_sh = jax.tree.map(lambda x: x.sharding, target_params)
-    state_shape = jax.eval_shape(opt.init, params)
-    # the optimiser moments mirror the parameters: a leaf gets the sharding of a parameter of its shape
-    # (scalars such as the step count are replicated)
-    by_shape = {}
-    for leaf, sh in zip(jax.tree.leaves(params), jax.tree.leaves(param_sh)):
-        by_shape.setdefault((tuple(leaf.shape), str(leaf.dtype)), sh)
-    opt_sh = jax.tree.map(lambda x: by_shape.get((tuple(x.shape), str(x.dtype)), NamedSharding(mesh, P())), state_shape)
-    batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     rep = NamedSharding(mesh, P())
+    # the optimiser moments mirror the parameter tree: each takes its parameter's sharding; the rest
+    # (step counts) is replicated
+    opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, jax.eval_shape(opt.init, params), param_sh,
+                                   transform_non_params=lambda _: rep)
+    batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
                    anchor_chunk=anchor_chunk)
     jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, {"tokens": batch_sh, "loss_mask": batch_sh}, rep),
