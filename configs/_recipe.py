@@ -2,18 +2,13 @@
 large-target configs. Not a config itself (no get_config)."""
 
 from ml_collections import ConfigDict
+from smollm2_135m import get_config as base  # every field, documented there
 
 
 def recipe(target: str, data: str, out_dir: str, num_layers: int = 5) -> ConfigDict:
     """AdamW lr 6e-4, 4% warmup then cosine, clip 1.0, length 3072, 32 sequences per step, 512
     anchors, block 16, gamma 7, bf16 compute with float32 master weights, 10k steps."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("smollm2_base", Path(__file__).with_name("smollm2_135m.py"))
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    c = base.get_config()
+    c = base()
     c.target, c.data, c.out_dir = target, data, out_dir
     c.drafter.num_layers = num_layers
     c.drafter.block_size = 16

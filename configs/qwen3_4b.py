@@ -5,13 +5,8 @@
     dflash-jax train --config configs/qwen3_4b.py
 """
 
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("_recipe", Path(__file__).with_name("_recipe.py"))
-_recipe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_recipe)
+from _recipe import recipe
 
 
 def get_config():
-    return _recipe.recipe(target="ckpt/qwen3_4b", data="data/qwen3_4b", out_dir="runs/qwen3_4b")
+    return recipe(target="ckpt/qwen3_4b", data="data/qwen3_4b", out_dir="runs/qwen3_4b")

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -58,10 +59,13 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
         raise ConfigError(f"no config file {path} (see configs/ for examples)")
     spec = importlib.util.spec_from_file_location(f"dflash_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # configs may import their neighbours (configs/_recipe.py)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # a config is user code: report where it broke, in one line
         raise ConfigError(f"{path} failed to load: {type(e).__name__}: {e}") from None
+    finally:
+        sys.path.remove(str(path.parent))
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path} has no get_config() function")
     from ml_collections import ConfigDict

@@ -410,3 +410,11 @@ def test_missing_mask_token_is_a_config_error():
 
     with pytest.raises(ConfigError, match="drafter.mask_token_id"):
         mask_token_id(Tok())
+
+
+@pytest.mark.parametrize("name", ["qwen3_4b", "qwen3_8b", "llama31_8b"])
+def test_recipe_configs_load_with_the_public_settings(name):
+    c = load_config(ROOT / "configs" / f"{name}.py")
+    assert (c.target, c.drafter.num_layers, c.drafter.block_size) == (f"ckpt/{name}", 5, 16)
+    assert (c.train.num_anchors, c.train.max_len, c.train.batch_size, c.train.lr) == (512, 3072, 32, 6e-4)
+    assert c.train.compute_dtype == "bfloat16" and c.data_shards == 0  # fields inherited from the base config
