@@ -1,4 +1,4 @@
-"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, demo, prepare-data, train, export-drafter, import-drafter).
+"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, bench, demo, prepare-data, train, export-drafter, import-drafter).
 
 Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
 """
@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Greedy decoding in one jit-compiled loop: plain (--drafter none) or lossless "
                                    "DFlash speculative decoding with a drafter (output identical to plain).")
     _add_target(g)
-    g.add_argument("--drafter", default="none",
-                   help="drafter folder (dflash-jax checkpoint or released format), 'random' (freshly "
-                        "initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)")
+    g.add_argument("--drafter", default="auto",
+                   help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
+                        "in assets/ for this target, else none), 'random' (freshly initialised, seeded) or "
+                        "'none' (plain autoregressive decoding = block size 1)")
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
     g.add_argument("--seed", type=int, default=0, help="seed of --drafter random")
     prompt = g.add_mutually_exclusive_group(required=True)
@@ -95,6 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--num-processes", type=int, help="processes in the job")
     t.add_argument("--process-id", type=int, help="this process's rank, 0..N-1")
 
+    b = sub.add_parser("bench", help="tau and speedup on standard prompt sets: plain vs speculative, interleaved",
+                       description="Measure plain and DFlash speculative decoding on the same prompts in one run "
+                                   "(interleaved per prompt): tau, acceptance histogram, per-offset acceptance, "
+                                   "decode tokens/s and speedup, time to first token (compile time apart). Writes "
+                                   "JSON, a Markdown table and PNG plots; an interrupted run resumes.")
+    _add_target(b)
+    b.add_argument("--drafter", default="auto", help="drafter folder, or 'auto' (the drafter shipped for this target)")
+    b.add_argument("--dataset", nargs="+", default=["gsm8k"], choices=[*BENCH_DATASETS, "all"],
+                   help="prompt sets (files in ../shared/data/eval or $DFLASH_JAX_EVAL_DATA; MBPP ids 11-510)")
+    b.add_argument("--prompts-file", metavar="JSONL", help="other prompts: one {'prompt': ...} object per line "
+                                                           "(replaces --dataset)")
+    b.add_argument("--max-samples", type=int, default=None, help="first N prompts of each set (default: all)")
+    b.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per turn")
+    b.add_argument("--block-size", type=int, nargs="+", default=None,
+                   help="speculative block sizes, each measured against the same plain run (default: the drafter's)")
+    b.add_argument("--max-turns", type=int, default=2, choices=[1, 2], help="MT-Bench turns (1: first turns only)")
+    b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1 = latency, as papers)")
+    b.add_argument("--json-out", metavar="FILE", default="runs/bench/bench.json",
+                   help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code",
                        description="Answer one chat prompt with plain and with speculative decoding, side by side "
                                    "(tokens, tau, tokens/s); what `make demo` runs.")
@@ -102,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default="What is the capital of France, and why is it famous?", help="user message")
     d.add_argument("--max-new-tokens", type=int, default=128, help="new tokens at most")
     return ap
+
+
+BENCH_DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
 
 def _read_prompts(args) -> list[str]:
@@ -182,8 +207,8 @@ def cmd_generate(args) -> None:
                       block_size=args.block_size)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    log(f"drafter: {args.drafter}" + (f", block size {dec.block_size}" if dec.drafter is not None else
-                                       " (plain decoding)"))
+    log(f"drafter: {resolve_drafter(args.drafter, ck)}" + (
+        f", block size {dec.block_size}" if dec.drafter is not None else " (plain decoding)"))
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
     empty = [i for i, ids in enumerate(all_ids) if not ids]
@@ -230,9 +255,20 @@ def mask_token_id(tok) -> int:
                       "drafter.mask_token_id to an unused token id in the training config (or use a trained drafter)")
 
 
+def resolve_drafter(spec: str, ck) -> str:
+    """``auto`` -> the folder of the drafter shipped for this target (``hub.SHIPPED_DRAFTERS``),
+    else ``none``; any other value is returned as it is."""
+    if spec != "auto":
+        return spec
+    from dflash_jax.hub import shipped_drafter
+
+    found = shipped_drafter(ck.identity)
+    return str(found) if found is not None else "none"
+
+
 def load_drafter(spec: str, ck, tok, seed: int = 0):
-    """``none`` -> None; ``random`` -> a fresh 1-layer drafter (block 16); else a drafter folder
-    (ours or released format).
+    """``none`` -> None; ``auto`` -> the shipped drafter for this target, else None; ``random`` ->
+    a fresh 1-layer drafter (block 16); else a drafter folder (ours or released format).
 
     Raises:
       ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
@@ -240,6 +276,7 @@ def load_drafter(spec: str, ck, tok, seed: int = 0):
     """
     from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
 
+    spec = resolve_drafter(spec, ck)
     if spec == "none":
         return None
     if spec == "random":
@@ -331,24 +368,87 @@ def cmd_train(args) -> None:
             f"metrics in {trainer.out / 'metrics.jsonl'}")
 
 
+def cmd_bench(args) -> None:
+    from tqdm import tqdm
+
+    from dflash_jax import bench
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import log
+
+    if min(args.max_new_tokens, args.batch_size) < 1 or (args.max_samples is not None and args.max_samples < 1):
+        sys.exit("error: --max-new-tokens, --batch-size and --max-samples must be >= 1")
+    datasets = list(BENCH_DATASETS) if "all" in args.dataset else list(dict.fromkeys(args.dataset))
+    try:
+        if args.prompts_file:
+            datasets = ["custom"]
+            prompts = bench.load_eval_prompts("custom", args.prompts_file, args.max_samples, args.max_turns)
+        else:
+            prompts = [p for d in datasets for p in bench.load_eval_prompts(d, None, args.max_samples, args.max_turns)]
+    except bench.BenchError as e:
+        sys.exit(f"error: {e}")
+    ck, tok = _load(args)
+    drafter_path = resolve_drafter(args.drafter, ck)
+    if drafter_path == "none":
+        sys.exit(f"error: no drafter shipped for target {args.target}: pass --drafter FOLDER")
+    drafter = load_drafter(drafter_path, ck, tok)
+    blocks = args.block_size or [drafter[1].block_size]
+    try:
+        plain = Decoder(ck.params, ck.cfg)
+        spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b) for b in blocks}
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    settings = {"target": ck.identity, "drafter": str(Path(drafter_path).resolve()), "block_sizes": blocks,
+                "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "dtype": args.dtype}
+    out = Path(args.json_out)
+    records_path = out.with_suffix(".records.jsonl")
+    turns = sum(len(p.turns) for p in prompts)
+    log(f"{len(prompts)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
+        f"records in {records_path}")
+    with tqdm(total=turns, desc="bench", unit="turn", disable=args.no_progress) as bar:
+        try:
+            records = bench.run(prompts, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
+                                records=records_path, settings=settings, batch_size=args.batch_size,
+                                progress=bar.update)
+        except bench.BenchError as e:
+            sys.exit(f"error: {e}")
+        except KeyboardInterrupt:
+            sys.exit(f"\ninterrupted: measured turns are kept in {records_path}; run the same command to resume")
+    rep = bench.report(records, blocks, datasets)
+    files = bench.write_outputs(rep, records, settings, out)
+    print(bench.markdown(rep))
+    log("wrote " + ", ".join(map(str, files)))
+
+
 def cmd_demo(args) -> None:
     from dflash_jax.decode import Decoder
 
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
+    shipped = resolve_drafter("auto", ck)
+    if shipped != "none":
+        drafter = load_drafter(shipped, ck, tok)
+        label = f"DFlash, shipped drafter ({Path(shipped).name})"
+        runs = [("plain (block 1)", None, None)] + [(f"{label}, block {b}", drafter, b) for b in (8, 16)
+                                                      if b <= drafter[1].block_size]
+    else:
+        runs = [("plain (block 1)", None, None), ("DFlash, random drafter (block 16)", load_drafter("random", ck, tok), 16)]
     rows = []
-    for name, drafter in (("plain (block 1)", None), ("DFlash, random drafter (block 16)", "random")):
-        dec = Decoder(ck.params, ck.cfg, drafter=load_drafter(drafter or "none", ck, tok))
+    for name, drafter, block in runs:
+        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
         dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
         rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
-    text = tok.decode(rows[0][1].token_ids, skip_special_tokens=True)
-    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): {text}\n")
-    same = rows[0][1].token_ids == rows[1][1].token_ids
+    plain = rows[0][1]
+    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): "
+          f"{tok.decode(plain.token_ids, skip_special_tokens=True)}\n")
+    plain_tps = (plain.num_output_tokens - 1) / plain.decode_s
     for name, r in rows:
-        print(f"{name:36s} {r.num_output_tokens:4d} tokens  tau {r.tau:.2f}  "
-              f"{(r.num_output_tokens - 1) / r.decode_s:6.1f} tokens/s  prefill {r.prefill_s * 1e3:.0f} ms")
-    print(f"speculative output identical to plain: {same} (an untrained drafter accepts almost nothing: "
-          "tau ~1; a trained drafter is the next milestone)")
+        tps = (r.num_output_tokens - 1) / r.decode_s
+        print(f"{name:52s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
+              f"({tps / plain_tps:4.2f}x)  prefill {r.prefill_s * 1e3:.0f} ms")
+    same = all(r.token_ids == plain.token_ids for _, r in rows)
+    print(f"speculative output identical to plain: {same}")
+    if shipped == "none":
+        print("(no drafter shipped for this target: an untrained drafter accepts almost nothing, tau ~1)")
 
 
 def main(argv=None) -> None:
@@ -357,7 +457,7 @@ def main(argv=None) -> None:
 
     args = build_parser().parse_args(argv)
     try:
-        {"convert": cmd_convert, "generate": cmd_generate, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
+        {"convert": cmd_convert, "generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
          "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "train": cmd_train}[args.command](args)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")

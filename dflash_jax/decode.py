@@ -11,7 +11,12 @@ Each round of the loop (SPEC "Inference loop"), for every sequence of the batch 
 4. **commit**: ``start += a + 1`` (cut at a stop token or the length limit); the
    target features of the committed positions become drafter context.
 
-Block size 1 (no drafter) is plain greedy autoregressive decoding in the same loop.
+Block size 1 (no drafter) is plain autoregressive decoding in the same loop.
+
+With ``Sampling(temperature > 0, ...)`` the drafter samples its block from its tempered
+distribution ``q`` and step 3 becomes speculative rejection sampling against the target's
+``p`` (``dflash_jax.sampling``); every sequence has its own PRNG key (from its seed), folded
+with the round number, so a request's output does not depend on the batch it is in.
 
 Static shapes throughout: a token buffer ``[B, S + block]`` indexed by absolute
 position, KV caches (target and drafter context) of length ``S`` whose slot is the
@@ -33,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.target import Target, TargetConfig, init_cache
 
 Array = jax.Array
@@ -63,6 +69,7 @@ class LoopState(NamedTuple):
     drafter_cache: Any
     rounds: Array  # [B] rounds run so far
     accepted: Array  # [B, max_rounds] tokens committed per round
+    key: Array  # [B] PRNG keys (used only when sampling)
 
 
 def _row_slice(x: Array, start: Array, size: int) -> Array:
@@ -78,8 +85,19 @@ def _is_stop(tokens: Array, stop_ids: Array) -> Array:
     return jnp.any(tokens[..., None] == stop_ids, axis=-1)
 
 
-def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array, *,
-            cfg: TargetConfig, shape: LoopShape, drafter=None) -> LoopState:
+def _row_keys(key: Array, salt: Array) -> tuple[Array, Array]:
+    """Two fresh keys per row from the row's key folded with ``salt [B]``."""
+    k = jax.vmap(lambda k, s: jax.random.split(jax.random.fold_in(k, s)))(key, salt)
+    return k[:, 0], k[:, 1]
+
+
+def sample_draft(key: Array, q: Array) -> Array:
+    """Draft tokens ``[B, K]``: one independent sample per offset from the drafter's ``q [B, K, V]``."""
+    return jax.vmap(sample)(key, q)
+
+
+def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array,
+            seeds: Array, *, cfg: TargetConfig, shape: LoopShape, drafter=None, sampling: Sampling = GREEDY) -> LoopState:
     """Run the padded prompts through the target and pick the first new token.
 
     Args:
@@ -87,6 +105,7 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
       prompts: int32 ``[B, P]``, right-padded; ``prompt_lens`` ``[B]`` (>= 1).
       max_new: int32 ``[B]`` new-token budget per sequence (>= 1).
       stop_ids: int32 ``[K]`` stop tokens (``K >= 1``; pad with -1).
+      seeds: int32 ``[B]`` one PRNG seed per sequence (used only when sampling).
     """
     b, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -94,7 +113,12 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
     hidden, feats, cache = Target(cfg).apply(
         {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps)
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-    first = jnp.argmax(Target(cfg).apply({"params": target_params}, last, method="logits"), -1).astype(jnp.int32)
+    logits = Target(cfg).apply({"params": target_params}, last, method="logits")
+    key = jax.vmap(jax.random.key)(seeds)
+    if sampling.greedy:
+        first = jnp.argmax(logits, -1).astype(jnp.int32)
+    else:
+        first = jax.vmap(sample)(_row_keys(key, jnp.zeros_like(seeds))[0], probs(logits, sampling))
     tokens = jnp.zeros((b, shape.cache_len + shape.block_size), jnp.int32)
     tokens = tokens.at[:, :p].set(prompts)
     tokens = _row_write(tokens, prompt_lens, first[:, None])
@@ -105,11 +129,11 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
         dcache = drafter.write_context(drafter_params, drafter.init_cache(b, shape.cache_len), feats,
                                        jnp.zeros((b,), jnp.int32))
     return LoopState(tokens, prompt_lens, limit, done, cache, dcache, jnp.zeros((b,), jnp.int32),
-                     jnp.zeros((b, shape.max_rounds), jnp.int32))
+                     jnp.zeros((b, shape.max_rounds), jnp.int32), key)
 
 
 def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig,
-                shape: LoopShape, drafter=None) -> LoopState:
+                shape: LoopShape, drafter=None, sampling: Sampling = GREEDY) -> LoopState:
     """Speculative rounds until every sequence is done: one ``lax.while_loop``."""
     bs = shape.block_size
     model = Target(cfg)
@@ -120,16 +144,30 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         block = _row_slice(s.tokens, s.start, bs)  # anchor, then stale slots the draft overwrites
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
         dcache = s.drafter_cache
+        k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
+        q = None
         if drafter is not None:
-            draft = drafter.draft(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
+            if sampling.greedy:
+                draft = drafter.draft(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
+            else:
+                q = probs(drafter.logits(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs),
+                          sampling)
+                draft = sample_draft(k_draft, q)
             block = block.at[:, 1:].set(draft)
         positions = s.start[:, None] + offsets
         hidden, feats, tcache = model.apply({"params": target_params}, block, positions, s.target_cache,
                                             drafter.tap_layers if drafter is not None else ())
-        posterior = jnp.argmax(model.apply({"params": target_params}, hidden, method="logits"), -1).astype(jnp.int32)
-        match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] < verify_size[:, None])
-        a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
-        bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
+        logits = model.apply({"params": target_params}, hidden, method="logits")
+        if sampling.greedy:
+            posterior = jnp.argmax(logits, -1).astype(jnp.int32)
+            match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] < verify_size[:, None])
+            a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
+            bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
+        elif q is None:  # plain sampling
+            a, bonus = jnp.zeros_like(s.start), jax.vmap(sample)(k_accept, probs(logits[:, 0], sampling))[:, None]
+        else:
+            a, bonus = accept(k_accept, block[:, 1:], q, probs(logits, sampling), verify_size - 1)
+            bonus = bonus[:, None]
         new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
         produced = jnp.minimum(a + 1, s.limit - s.start - 1)
         stops = _is_stop(new, stop_ids) & (offsets < produced[:, None])
@@ -144,7 +182,7 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         done = s.done | hit | (start + 1 >= s.limit)
         accepted = jnp.where(active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]),
                              produced[:, None], s.accepted)
-        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted)
+        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key)
 
     def cond(s: LoopState):
         return jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
@@ -184,7 +222,8 @@ class Decoder:
     length to a multiple of 256, so a new prompt reuses an executable compiled earlier.
     """
 
-    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None, mesh=None):
+    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None, mesh=None,
+                 sampling: Sampling = GREEDY):
         """Args:
           target_params, cfg: the target (``Target`` parameters and config).
           drafter: ``None`` (plain decoding, block size 1), ``(params, DrafterConfig)``, or
@@ -192,19 +231,22 @@ class Decoder:
             ids whose outputs it reads), ``max_block_size``, ``init_cache(batch, cache_len)``,
             ``write_context(params, cache, feats, start)`` and ``draft(params, target_params,
             cache, anchor, start, block_valid, block_len) -> [B, block_len - 1] int32``
-            (``DraftStep`` is the real one; tests plug in an oracle).
+            (``DraftStep`` is the real one; tests plug in an oracle); sampling also needs its
+            ``logits(...)`` (same arguments, ``[B, block_len - 1, V]``).
           block_size: speculative block size (default: the drafter's).
           mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
             (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
             so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
+          sampling: ``Sampling`` settings (default greedy); lossless in distribution (SPEC "Sampling").
 
         Raises:
-          ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``).
+          ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
+            or sampling with a draft step that has no ``logits``.
         """
         from dflash_jax.drafter import DrafterConfig, DraftStep
 
         # Host (numpy) parameters would be copied to the device on every call: place them once.
-        self.params, self.cfg, self.mesh = _on_device(target_params), cfg, mesh
+        self.params, self.cfg, self.mesh, self.sampling = _on_device(target_params), cfg, mesh, sampling
         self.drafter_params, self.drafter = None, None
         if drafter is None:
             if block_size not in (None, 1):
@@ -218,6 +260,8 @@ class Decoder:
             if not 2 <= self.block_size <= limit:
                 raise ValueError(f"block size {self.block_size} not in [2, {limit}] for this drafter; "
                                  f"pass --block-size between 2 and {limit}")
+            if not sampling.greedy and not hasattr(self.drafter, "logits"):
+                raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
         self._compiled: dict[LoopShape, tuple] = {}
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
@@ -243,24 +287,28 @@ class Decoder:
         t0 = time.perf_counter()
         b, p = shape.batch, shape.prompt_len
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-        pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter))
-        args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop))
+        pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling))
+        args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop), i32(b))
         pre_c = pre.lower(*args).compile()
         # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh)
         state_abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                                       jax.eval_shape(pre, *args), pre_c.output_shardings)
-        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter), donate_argnums=(2,))
+        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling),
+                       donate_argnums=(2,))
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids: Sequence[int] = ()):
-        """Greedy (speculative) decoding of a batch of token-id prompts.
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids: Sequence[int] = (),
+                 seed: int | Sequence[int] = 0):
+        """(Speculative) decoding of a batch of token-id prompts, greedy or with ``self.sampling``.
 
         Args:
           prompts: list of non-empty token-id lists.
           max_new_tokens: new tokens per prompt, >= 1 (the stop token counts).
           stop_token_ids: decoding of a sequence stops right after any of these.
+          seed: PRNG seed of every request, or one per prompt (sampling only): a request's
+            output depends on its prompt, seed and settings, not on the rest of the batch.
 
         Returns:
           list of ``GenerationResult``, one per prompt, in order.
@@ -299,8 +347,10 @@ class Decoder:
             tok[i, : len(p)], lens[i] = p, len(p)
         budget = np.full((shape.batch,), max_new_tokens, np.int32)
         budget[n:] = 1  # padding rows finish at once
+        seeds = np.zeros((shape.batch,), np.int32)
+        seeds[:n] = np.broadcast_to(np.asarray(seed, np.int64), (n,)) % (2**31)
         t0 = time.perf_counter()
-        state = jax.block_until_ready(pre(self.params, self.drafter_params, tok, lens, budget, stops))
+        state = jax.block_until_ready(pre(self.params, self.drafter_params, tok, lens, budget, stops, seeds))
         t1 = time.perf_counter()
         state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops))
         t2 = time.perf_counter()

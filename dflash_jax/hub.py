@@ -18,6 +18,9 @@ from pathlib import Path
 
 SMOLLM2 = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# Drafters this repository ships (released DFlash format, bfloat16), found by the target's identity.
+SHIPPED_DRAFTERS = {SMOLLM2: ASSETS / "smollm2-135m-instruct-dflash"}
 
 
 def home() -> Path:
@@ -59,3 +62,20 @@ def smollm2_hf_dir() -> Path:
     """The Hugging Face folder of the embedded model (materialised on first use)."""
     out = resolve_target(SMOLLM2)
     return out.with_name(out.name + ".hf")
+
+
+def shipped_drafter(target_identity: dict | None) -> Path | None:
+    """The shipped drafter folder trained for the target with ``target_identity`` (config and
+    tokenizer hashes, as recorded in the drafter's ``config.json``), or None if there is none."""
+    from dflash_jax.checkpoint import read_json
+
+    if not target_identity:
+        return None
+    for folder in SHIPPED_DRAFTERS.values():
+        if not (folder / "config.json").exists():
+            continue
+        ident = (read_json(folder / "config.json").get("dflash_config") or {}).get("target_identity") or {}
+        keys = ("config_sha256", "tokenizer_sha256")
+        if all(k in ident and ident[k] == target_identity.get(k) for k in keys):
+            return folder
+    return None

@@ -1,0 +1,379 @@
+"""Evaluation harness: plain and speculative decoding, interleaved, on standard prompt sets.
+
+``dflash-jax bench`` runs, prompt by prompt, our plain decoding (block size 1) and then
+DFlash speculative decoding at each requested block size, on the same prompts in the same
+process, and reports what papers report (DFlash paper, section 5; the reference benchmark
+``dflash.benchmark``):
+
+- **tau**: tokens committed per target verify. ``tau`` averages over all rounds of all
+  prompts; ``tau_per_prompt`` is the mean of each prompt's own mean, as the reference
+  benchmark reports it. The first token (from prefill) is not a round.
+- the acceptance-length histogram (rounds that committed 1 .. B tokens) and the per-offset
+  acceptance rate (fraction of rounds whose draft offset k was accepted, k = 1 .. B-1);
+- decode tokens/s of plain and speculative decoding and their ratio, the **speedup**
+  (decode only: the first token and the prefill are reported apart as time to first token,
+  compilation apart again);
+- the same on loop-free prompts only (a plain output with a repeated 8-gram is *looping*;
+  loops make drafting easy and inflate tau).
+
+Records are appended to ``<json-out>.records.jsonl`` as they are measured, so an
+interrupted run resumes where it stopped (same settings required).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from dflash_jax.data import GSM8K_SUFFIX, MBPP_EVAL_IDS, loops
+
+DATASETS = {
+    "gsm8k": "gsm8k_test.jsonl",
+    "math500": "math500_test.jsonl",
+    "humaneval": "humaneval.jsonl",
+    "mbpp": "mbpp_sanitized.json",
+    "mt-bench": "mt_bench.jsonl",
+}
+HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:"
+
+
+class BenchError(ValueError):
+    """Bad benchmark input (missing prompt files, malformed rows, a resume with other settings)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPrompt:
+    """One benchmark item: user turns (several only for MT-Bench), formatted as the reference does."""
+
+    dataset: str
+    id: str
+    turns: tuple[str, ...]
+
+
+def eval_data_dir() -> Path:
+    """Folder of the evaluation prompt files: ``$DFLASH_JAX_EVAL_DATA``, else ``../shared/data/eval``
+    next to the working directory or next to this repository.
+
+    Raises:
+      BenchError: none of them exists.
+    """
+    env = os.environ.get("DFLASH_JAX_EVAL_DATA")
+    candidates = [Path(env)] if env else [Path.cwd().parent / "shared/data/eval",
+                                          Path(__file__).resolve().parents[2] / "shared/data/eval"]
+    for c in candidates:
+        if c.is_dir():
+            return c
+    raise BenchError(f"no evaluation data folder (looked in {', '.join(map(str, candidates))}): set "
+                     "DFLASH_JAX_EVAL_DATA to the folder with gsm8k_test.jsonl etc., or pass --prompts-file")
+
+
+def _read_rows(path: Path) -> list[tuple[str, dict]]:
+    """``(where, row)`` pairs of a JSONL file or a JSON list."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise BenchError(f"cannot read {path}: {e}") from None
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{path}: not valid JSON ({e})") from None
+        return [(f"{path}:item {i}", r) for i, r in enumerate(rows)]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((f"{path}:{n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise BenchError(f"{path}:{n}: not a JSON object ({e.msg})") from None
+    return out
+
+
+def _field(row, key: str, where: str) -> str:
+    value = row.get(key) if isinstance(row, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        raise BenchError(f"{where}: expected a non-empty string field '{key}'")
+    return value
+
+
+def load_eval_prompts(dataset: str, path: str | Path | None = None, max_samples: int | None = None,
+                      max_turns: int = 2) -> list[EvalPrompt]:
+    """The prompts of a benchmark set, in file order, formatted as in ``shared/data/README.md``.
+
+    Args:
+      dataset: one of ``DATASETS``, or ``"custom"`` for ``path`` = a JSONL file of ``{"prompt": ...}``
+        (optionally ``"id"``; a ``"turns"`` list instead of ``"prompt"`` gives a multi-turn item).
+      path: the file (default: ``eval_data_dir() / DATASETS[dataset]``).
+      max_samples: the first N items (after the MBPP restriction to task ids 11-510).
+      max_turns: MT-Bench turns kept (1: first turns only).
+
+    Raises:
+      BenchError: unknown dataset, missing file, or a malformed row (names the file and line).
+    """
+    if dataset != "custom" and dataset not in DATASETS:
+        raise BenchError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)} (or --prompts-file)")
+    if path is None:
+        if dataset == "custom":
+            raise BenchError("dataset 'custom' needs a prompts file")
+        path = eval_data_dir() / DATASETS[dataset]
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(f"prompt file {path} not found")
+    items = []
+    for i, (where, row) in enumerate(_read_rows(path)):
+        if dataset == "gsm8k":
+            item = (str(i), (_field(row, "question", where) + GSM8K_SUFFIX,))
+        elif dataset == "math500":
+            item = (str(i), (_field(row, "problem", where) + GSM8K_SUFFIX,))
+        elif dataset == "humaneval":
+            code = _field(row, "prompt", where)
+            item = (str(row.get("task_id", i)), (f"{HUMANEVAL_PREFIX}\n```python\n{code}\n```",))
+        elif dataset == "mbpp":
+            if row.get("task_id") not in MBPP_EVAL_IDS:
+                continue
+            item = (str(row["task_id"]), (_field(row, "prompt", where),))
+        elif dataset == "mt-bench":
+            turns = row.get("turns") if isinstance(row, dict) else None
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+                raise BenchError(f"{where}: expected a non-empty list of strings 'turns'")
+            item = (str(row.get("question_id", i)), tuple(turns))
+        else:
+            turns = row.get("turns") if isinstance(row, dict) else None
+            if isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns):
+                item = (str(row.get("id", i)), tuple(turns))
+            else:
+                item = (str(row.get("id", i)) if isinstance(row, dict) else str(i), (_field(row, "prompt", where),))
+        items.append(EvalPrompt(dataset, item[0], item[1][:max_turns]))
+        if max_samples is not None and len(items) >= max_samples:
+            break
+    if not items:
+        raise BenchError(f"{path} has no prompts")
+    return items
+
+
+def chat_ids(tok, messages: Sequence[dict]) -> list[int]:
+    """Token ids of a conversation through the target's chat template, generation prompt appended."""
+    ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _timing(r) -> dict:
+    return {"tokens": r.num_output_tokens, "decode_s": r.decode_s, "prefill_s": r.prefill_s, "compile_s": r.compile_s}
+
+
+def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object], *, max_new_tokens: int,
+        stop_ids: Sequence[int], records: Path, settings: dict, batch_size: int = 1,
+        progress: Callable | None = None) -> list[dict]:
+    """Measure every prompt (and turn) with ``plain`` and each speculative decoder, interleaved.
+
+    Args:
+      prompts: benchmark items.
+      tok: the target's tokenizer (chat template).
+      plain: a ``Decoder`` without drafter; ``speculative``: block size -> ``Decoder`` with the drafter.
+      max_new_tokens: per turn.
+      records: JSONL file the per-turn records are appended to (created; a header line holds
+        ``settings``); records already there are kept and their turns skipped.
+      settings: what the records depend on (target, drafter, block sizes, ...).
+      batch_size: items decoded together; each row's time is its share of the batch's.
+      progress: called with the number of turns finished after each batch (a progress bar).
+
+    Returns:
+      every record (old and new), one per (dataset, id, turn): ``plain`` and ``b{B}`` timings
+      (``tokens``, ``decode_s``, ``prefill_s``, ``compile_s``), ``acceptance_lengths`` and
+      ``identical`` (same tokens as plain) per block size, ``loops``, ``prompt_tokens``,
+      ``output_ids`` (plain).
+
+    Raises:
+      BenchError: ``records`` was written with other settings.
+    """
+    done = _open_records(records, settings)
+    by_key = {(r["dataset"], r["id"], r["turn"]): r for r in done}
+    max_turns = max(len(p.turns) for p in prompts)
+    with records.open("a", encoding="utf-8") as out:
+        for turn in range(max_turns):
+            todo = [p for p in prompts if len(p.turns) > turn and (p.dataset, p.id, turn) not in by_key]
+            for i in range(0, len(todo), batch_size):
+                chunk = todo[i: i + batch_size]
+                ids = [chat_ids(tok, _messages(p, turn, by_key, tok)) for p in chunk]
+                base = plain.generate(ids, max_new_tokens, stop_ids)
+                new = [{"dataset": p.dataset, "id": p.id, "turn": turn, "prompt_tokens": len(x),
+                        "output_ids": r.token_ids, "loops": loops(r.token_ids), "plain": _timing(r)}
+                       for p, x, r in zip(chunk, ids, base)]
+                for bs, dec in speculative.items():
+                    for rec, r, b in zip(new, dec.generate(ids, max_new_tokens, stop_ids), base):
+                        rec[f"b{bs}"] = {**_timing(r), "acceptance_lengths": r.acceptance_lengths,
+                                         "identical": r.token_ids == b.token_ids}
+                for rec in new:
+                    for key in ["plain"] + [f"b{bs}" for bs in speculative]:  # batch time -> per-row share
+                        rec[key]["decode_s"] /= len(chunk)
+                        rec[key]["prefill_s"] /= len(chunk)
+                    by_key[(rec["dataset"], rec["id"], turn)] = rec
+                    out.write(json.dumps(rec) + "\n")
+                out.flush()
+                if progress is not None:
+                    progress(len(chunk))
+    keys = {(p.dataset, p.id, t) for p in prompts for t in range(len(p.turns))}
+    return [r for k, r in by_key.items() if k in keys]
+
+
+def _messages(p: EvalPrompt, turn: int, by_key: dict, tok) -> list[dict]:
+    """The conversation up to ``turn``: earlier user turns with the target's (plain) replies."""
+    msgs = []
+    for t in range(turn):
+        reply = tok.decode(by_key[(p.dataset, p.id, t)]["output_ids"], skip_special_tokens=True)
+        msgs += [{"role": "user", "content": p.turns[t]}, {"role": "assistant", "content": reply}]
+    return msgs + [{"role": "user", "content": p.turns[turn]}]
+
+
+def settings_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _open_records(path: Path, settings: dict) -> list[dict]:
+    key = settings_key(settings)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        header = json.loads(lines[0])
+    except (IndexError, json.JSONDecodeError):
+        header = {}
+    if header.get("settings_key") != key:
+        raise BenchError(f"{path} holds records of a run with other settings ({header.get('settings')}); "
+                         "pass another --json-out, or delete the file to start over")
+    recs = []
+    for line in lines[1:]:
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: measured again
+            pass
+    return recs
+
+
+def summarise(records: Sequence[dict], block_size: int) -> dict:
+    """Aggregate figures of ``records`` at one block size (see the module docstring).
+
+    Decode tokens/s counts the tokens after the first (which comes from the prefill) over
+    the decode time, summed over records; ``speedup`` = speculative / plain tokens/s.
+    """
+    k = f"b{block_size}"
+    recs = [r for r in records if k in r]
+    if not recs:
+        return {"prompts": 0}
+    acc = [a for r in recs for a in r[k]["acceptance_lengths"]]
+    per_prompt = [float(np.mean(r[k]["acceptance_lengths"])) for r in recs if r[k]["acceptance_lengths"]]
+    hist = np.bincount(np.asarray(acc, int), minlength=block_size + 1)[1: block_size + 1]
+    rounds = max(len(acc), 1)
+    offset_rate = [float(np.sum(np.asarray(acc) > j) / rounds) for j in range(1, block_size)]
+
+    def tps(key):
+        toks = sum(max(r[key]["tokens"] - 1, 0) for r in recs)
+        return toks / max(sum(r[key]["decode_s"] for r in recs), 1e-9)
+
+    plain_tps, spec_tps = tps("plain"), tps(k)
+    return {
+        "prompts": len(recs),
+        "tau": float(np.mean(acc)) if acc else 0.0,
+        "tau_per_prompt": float(np.mean(per_prompt)) if per_prompt else 0.0,
+        "rounds": len(acc),
+        "acceptance_histogram": hist.tolist(),
+        "offset_acceptance": offset_rate,
+        "plain_tokens_per_s": plain_tps,
+        "dflash_tokens_per_s": spec_tps,
+        "speedup": spec_tps / max(plain_tps, 1e-9),
+        "mean_output_tokens": float(np.mean([r["plain"]["tokens"] for r in recs])),
+        "ttft_plain_s": float(np.mean([r["plain"]["prefill_s"] for r in recs])),
+        "ttft_dflash_s": float(np.mean([r[k]["prefill_s"] for r in recs])),
+        "compile_s": float(sum(r["plain"]["compile_s"] + r[k]["compile_s"] for r in recs)),
+        "identical": sum(bool(r[k]["identical"]) for r in recs),
+        "looping": sum(bool(r["loops"]) for r in recs),
+    }
+
+
+def report(records: Sequence[dict], block_sizes: Sequence[int], datasets: Sequence[str]) -> dict:
+    """Per dataset (and all together) and per block size: ``summarise`` of all prompts and of
+    the loop-free ones. Top level: ``tau`` and ``speedup`` of all prompts at the first block size."""
+    groups = {d: [r for r in records if r["dataset"] == d] for d in datasets}
+    if len(datasets) > 1:
+        groups["all"] = list(records)
+    table = {d: {str(b): {"all": summarise(rs, b), "loop_free": summarise([r for r in rs if not r["loops"]], b)}
+                 for b in block_sizes} for d, rs in groups.items()}
+    head = table["all" if len(datasets) > 1 else datasets[0]][str(block_sizes[0])]["all"]
+    return {"tau": head.get("tau"), "speedup": head.get("speedup"), "block_size": block_sizes[0], "table": table}
+
+
+def markdown(rep: dict) -> str:
+    """The report as a Markdown table (one row per dataset and block size)."""
+    lines = ["| dataset | block | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
+             "TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d, by_block in rep["table"].items():
+        for b, s in by_block.items():
+            a, lf = s["all"], s["loop_free"]
+            if not a["prompts"]:
+                continue
+            lf_cells = (f"{lf['tau']:.2f} | {lf['speedup']:.2f}x" if lf["prompts"] else "- | -")
+            lines.append(
+                f"| {d} | {b} | {a['prompts']} | {a['tau']:.2f} | {a['tau_per_prompt']:.2f} | "
+                f"{a['plain_tokens_per_s']:.1f} | {a['dflash_tokens_per_s']:.1f} | {a['speedup']:.2f}x | "
+                f"{a['ttft_plain_s'] * 1e3:.0f} / {a['ttft_dflash_s'] * 1e3:.0f} | {a['looping']} | {lf_cells} | "
+                f"{a['identical']}/{a['prompts']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rep: dict, out_prefix: Path) -> list[Path]:
+    """Two PNGs: acceptance-length histograms and per-offset acceptance rates, one line per dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    blocks = list(next(iter(rep["table"].values())).keys())
+    for kind, ylabel in (("histogram", "fraction of rounds"), ("offsets", "acceptance rate")):
+        fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 3.8), squeeze=False)
+        for ax, b in zip(axes[0], blocks):
+            for d, by_block in rep["table"].items():
+                s = by_block[b]["all"]
+                if not s["prompts"]:
+                    continue
+                if kind == "histogram":
+                    h = np.asarray(s["acceptance_histogram"], float)
+                    ax.plot(np.arange(1, len(h) + 1), h / max(h.sum(), 1), marker="o", label=f"{d} (tau {s['tau']:.2f})")
+                    ax.set_xlabel("tokens committed per round (acceptance length)")
+                else:
+                    r = s["offset_acceptance"]
+                    ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=d)
+                    ax.set_xlabel("draft offset k")
+            ax.set_title(f"block size {b}")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = Path(f"{out_prefix}_{kind}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_outputs(rep: dict, records: Sequence[dict], settings: dict, json_out: Path) -> list[Path]:
+    """``json_out`` (report + every per-turn record, output ids dropped), ``.md`` and the two PNGs."""
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    slim = [{k: v for k, v in r.items() if k != "output_ids"} for r in records]
+    tmp = json_out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**rep, "settings": settings, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "records": slim}, indent=1))
+    os.replace(tmp, json_out)
+    md = json_out.with_suffix(".md")
+    md.write_text(markdown(rep))
+    return [json_out, md, *plot(rep, json_out.with_suffix(""))]
