@@ -169,7 +169,7 @@ def _timing(r) -> dict:
 
 
 def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object], *, max_new_tokens: int,
-        stop_ids: Sequence[int], records: Path, settings: dict, batch_size: int = 1,
+        stop_ids: Sequence[int], records: Path, settings: dict, batch_size: int = 1, seed: int = 0,
         progress: Callable | None = None) -> list[dict]:
     """Measure every prompt (and turn) with ``plain`` and each speculative decoder, interleaved.
 
@@ -182,6 +182,8 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
         ``settings``); records already there are kept and their turns skipped.
       settings: what the records depend on (target, drafter, block sizes, ...).
       batch_size: items decoded together; each row's time is its share of the batch's.
+      seed: sampling seed; item ``i`` (in ``prompts`` order) uses ``seed + i``, the same for plain
+        and speculative decoding (their outputs then differ, but not in distribution).
       progress: called with the number of turns finished after each batch (a progress bar).
 
     Returns:
@@ -196,18 +198,20 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
     done = _open_records(records, settings)
     by_key = {(r["dataset"], r["id"], r["turn"]): r for r in done}
     max_turns = max(len(p.turns) for p in prompts)
+    index = {(p.dataset, p.id): i for i, p in enumerate(prompts)}
     with records.open("a", encoding="utf-8") as out:
         for turn in range(max_turns):
             todo = [p for p in prompts if len(p.turns) > turn and (p.dataset, p.id, turn) not in by_key]
             for i in range(0, len(todo), batch_size):
                 chunk = todo[i: i + batch_size]
                 ids = [chat_ids(tok, _messages(p, turn, by_key, tok)) for p in chunk]
-                base = plain.generate(ids, max_new_tokens, stop_ids)
+                seeds = [seed + index[(p.dataset, p.id)] for p in chunk]
+                base = plain.generate(ids, max_new_tokens, stop_ids, seeds)
                 new = [{"dataset": p.dataset, "id": p.id, "turn": turn, "prompt_tokens": len(x),
                         "output_ids": r.token_ids, "loops": loops(r.token_ids), "plain": _timing(r)}
                        for p, x, r in zip(chunk, ids, base)]
                 for bs, dec in speculative.items():
-                    for rec, r, b in zip(new, dec.generate(ids, max_new_tokens, stop_ids), base):
+                    for rec, r, b in zip(new, dec.generate(ids, max_new_tokens, stop_ids, seeds), base):
                         rec[f"b{bs}"] = {**_timing(r), "acceptance_lengths": r.acceptance_lengths,
                                          "identical": r.token_ids == b.token_ids}
                 for rec in new:

@@ -20,6 +20,22 @@ def _add_target(p: argparse.ArgumentParser) -> None:
                    help="parameter/compute dtype (float32 is faster on CPU; default: %(default)s)")
 
 
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (lossless: the output "
+                                                                   "distribution is the target's)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+
+
+def _sampling(args):
+    from dflash_jax.sampling import Sampling
+
+    try:
+        return Sampling(args.temperature, args.top_p, args.top_k)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dflash-jax", description=__doc__.splitlines()[0] + " Every subcommand has --help.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -33,16 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     c.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    g = sub.add_parser("generate", help="decode prompts: plain, or speculative with a DFlash drafter (greedy)",
-                       description="Greedy decoding in one jit-compiled loop: plain (--drafter none) or lossless "
-                                   "DFlash speculative decoding with a drafter (output identical to plain).")
+    g = sub.add_parser("generate", help="decode prompts: plain, or speculative with a DFlash drafter",
+                       description="Decoding in one jit-compiled loop: plain (--drafter none) or lossless DFlash "
+                                   "speculative decoding with a drafter (greedy: output identical to plain; "
+                                   "sampling: the same distribution).")
     _add_target(g)
     g.add_argument("--drafter", default="auto",
                    help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
                         "in assets/ for this target, else none), 'random' (freshly initialised, seeded) or "
                         "'none' (plain autoregressive decoding = block size 1)")
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
-    g.add_argument("--seed", type=int, default=0, help="seed of --drafter random")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
+    _add_sampling(g)
+    g.add_argument("--stream", action="store_true", help="print the text as rounds commit (batch size 1)")
     prompt = g.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
@@ -113,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speculative block sizes, each measured against the same plain run (default: the drafter's)")
     b.add_argument("--max-turns", type=int, default=2, choices=[1, 2], help="MT-Bench turns (1: first turns only)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1 = latency, as papers)")
+    _add_sampling(b)
+    b.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i of a set uses seed + i)")
     b.add_argument("--json-out", metavar="FILE", default="runs/bench/bench.json",
                    help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -204,7 +225,7 @@ def cmd_generate(args) -> None:
     ck, tok = _load(args)
     try:
         dec = Decoder(ck.params, ck.cfg, drafter=load_drafter(args.drafter, ck, tok, args.seed),
-                      block_size=args.block_size)
+                      block_size=args.block_size, sampling=_sampling(args))
     except ValueError as e:
         sys.exit(f"error: {e}")
     log(f"drafter: {resolve_drafter(args.drafter, ck)}" + (
@@ -214,10 +235,14 @@ def cmd_generate(args) -> None:
     empty = [i for i, ids in enumerate(all_ids) if not ids]
     if empty:
         sys.exit(f"error: prompt {empty[0] + 1} encodes to no tokens")
+    if args.stream:
+        for ids in all_ids:
+            _stream_one(dec, tok, ids, args.max_new_tokens, stops, args.seed)
+        return
     for i in range(0, len(texts), args.batch_size):
         chunk, ids = texts[i: i + args.batch_size], all_ids[i: i + args.batch_size]
         try:
-            results = dec.generate(ids, args.max_new_tokens, stops)
+            results = dec.generate(ids, args.max_new_tokens, stops, seed=[args.seed + i + j for j in range(len(ids))])
         except ValueError as e:
             sys.exit(f"error: {e}")
         for text, r in zip(chunk, results):
@@ -234,6 +259,26 @@ def cmd_generate(args) -> None:
                 print(out, flush=True)
             log(f"{r.num_output_tokens} tokens, {record['decode_tokens_per_s']:.1f} tok/s decode, "
                 f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s")
+
+
+def _stream_one(dec, tok, ids, max_new_tokens, stops, seed) -> None:
+    """Print the answer to one prompt as its rounds commit (text re-decoded as tokens arrive)."""
+    from dflash_jax.utils import log
+
+    out, shown, rounds, t0 = [], "", 0, time.perf_counter()
+    try:
+        for part in dec.stream(ids, max_new_tokens, stops, seed):
+            out += part
+            rounds += 1
+            text = tok.decode(out, skip_special_tokens=True)
+            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    print(tok.decode(out, skip_special_tokens=True)[len(shown):], flush=True)
+    log(f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
+        f"{time.perf_counter() - t0:.1f} s including compilation")
 
 
 # SmolLM2's vocabulary has no spare row, so the mask token must be an existing token that chat
@@ -393,12 +438,14 @@ def cmd_bench(args) -> None:
     drafter = load_drafter(drafter_path, ck, tok)
     blocks = args.block_size or [drafter[1].block_size]
     try:
-        plain = Decoder(ck.params, ck.cfg)
-        spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b) for b in blocks}
+        sampling = _sampling(args)
+        plain = Decoder(ck.params, ck.cfg, sampling=sampling)
+        spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
     except ValueError as e:
         sys.exit(f"error: {e}")
     settings = {"target": ck.identity, "drafter": str(Path(drafter_path).resolve()), "block_sizes": blocks,
-                "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "dtype": args.dtype}
+                "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "dtype": args.dtype,
+                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed}
     out = Path(args.json_out)
     records_path = out.with_suffix(".records.jsonl")
     turns = sum(len(p.turns) for p in prompts)
@@ -408,7 +455,7 @@ def cmd_bench(args) -> None:
         try:
             records = bench.run(prompts, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
                                 records=records_path, settings=settings, batch_size=args.batch_size,
-                                progress=bar.update)
+                                seed=args.seed, progress=bar.update)
         except bench.BenchError as e:
             sys.exit(f"error: {e}")
         except KeyboardInterrupt:

@@ -29,12 +29,15 @@ its own per-round acceptance lengths.
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
 import jax
+import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 
@@ -133,8 +136,13 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
 
 
 def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig,
-                shape: LoopShape, drafter=None, sampling: Sampling = GREEDY) -> LoopState:
-    """Speculative rounds until every sequence is done: one ``lax.while_loop``."""
+                shape: LoopShape, drafter=None, sampling: Sampling = GREEDY, on_round=None) -> LoopState:
+    """Speculative rounds until every sequence is done: one ``lax.while_loop``.
+
+    ``on_round``: optional host function ``(new [B, block] int32, produced [B] int32) -> None``
+    called after every round through an ordered ``io_callback`` (streaming): row ``b``
+    committed ``new[b, :produced[b]]`` this round.
+    """
     bs = shape.block_size
     model = Target(cfg)
     offsets = jnp.arange(bs, dtype=jnp.int32)
@@ -178,6 +186,8 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         tokens = _row_write(s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs)))
         if drafter is not None:
             dcache = drafter.write_context(drafter_params, dcache, feats, s.start)  # slots >= new start are masked later
+        if on_round is not None:
+            jax.experimental.io_callback(on_round, None, new, produced, ordered=True)
         start = s.start + produced
         done = s.done | hit | (start + 1 >= s.limit)
         accepted = jnp.where(active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]),
@@ -262,7 +272,8 @@ class Decoder:
                                  f"pass --block-size between 2 and {limit}")
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
-        self._compiled: dict[LoopShape, tuple] = {}
+        self._compiled: dict[tuple, tuple] = {}
+        self._sink = None  # where the streaming callback sends each round's tokens
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
         p = bucket(max(prompt_lens))
@@ -271,9 +282,11 @@ class Decoder:
         max_rounds = max_new_tokens  # every round commits at least one token
         return LoopShape(bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds)
 
-    def compile(self, shape: LoopShape, num_stop: int):
-        """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent)."""
-        key = (shape, num_stop)
+    def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
+        """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent).
+
+        ``stream``: the loop calls back to the host after every round (``Decoder.stream``)."""
+        key = (shape, num_stop, stream)
         if key in self._compiled:
             return (*self._compiled[key], 0.0)
         if self.mesh is not None:
@@ -293,14 +306,15 @@ class Decoder:
         # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh)
         state_abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                                       jax.eval_shape(pre, *args), pre_c.output_shardings)
-        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling),
-                       donate_argnums=(2,))
+        on_round = self._on_round if key[2] else None
+        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling,
+                               on_round=on_round), donate_argnums=(2,))
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids: Sequence[int] = (),
-                 seed: int | Sequence[int] = 0):
+                 seed: int | Sequence[int] = 0, *, _stream: bool = False):
         """(Speculative) decoding of a batch of token-id prompts, greedy or with ``self.sampling``.
 
         Args:
@@ -338,7 +352,7 @@ class Decoder:
                 f"context of {self.cfg.max_position_embeddings} positions; shorten one of them")
         shape = self.shape_for([len(p) for p in prompts], max_new_tokens)
         stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
-        pre, loop, compile_s = self.compile(shape, len(stops))
+        pre, loop, compile_s = self.compile(shape, len(stops), _stream)
 
         n = len(prompts)
         tok = np.zeros((shape.batch, shape.prompt_len), np.int32)
@@ -352,6 +366,9 @@ class Decoder:
         t0 = time.perf_counter()
         state = jax.block_until_ready(pre(self.params, self.drafter_params, tok, lens, budget, stops, seeds))
         t1 = time.perf_counter()
+        if _stream:
+            first = jax.device_get(_row_slice(state.tokens, state.start, 1))[:n, 0]
+            self._sink([[int(t)] for t in first])
         state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops))
         t2 = time.perf_counter()
         tokens, start, limit, rounds, accepted = jax.device_get(
@@ -364,3 +381,42 @@ class Decoder:
                 acceptance_lengths=accepted[i, : rounds[i]].tolist(),
                 prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s))
         return results
+
+    def _on_round(self, new, produced) -> None:
+        if self._sink is not None:
+            new, produced = np.asarray(new), np.asarray(produced)
+            rows = [new[b, : produced[b]].tolist() for b in range(len(produced))]
+            if any(rows):
+                self._sink(rows)
+
+    def stream(self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int] = (),
+               seed: int = 0) -> Iterator[list[int]]:
+        """Decode one prompt and yield its new token ids as they are committed (one list per round;
+        the first holds the token from prefill). The concatenation equals ``generate``'s output.
+
+        The loop stays one compiled ``while_loop``; an ordered host callback after every round
+        hands the committed tokens to this iterator (a separate executable from ``generate``'s,
+        not kept in the persistent compilation cache). Errors as ``generate``.
+        """
+        items: queue.Queue = queue.Queue()
+        done = object()
+
+        def work():
+            try:
+                self.generate([prompt], max_new_tokens, stop_token_ids, seed, _stream=True)
+                items.put(done)
+            except BaseException as e:  # re-raised in the caller's thread
+                items.put(e)
+
+        self._sink = lambda rows: items.put(rows[0])
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            while (item := items.get()) is not done:
+                if isinstance(item, BaseException):
+                    raise item
+                if item:
+                    yield item
+        finally:
+            thread.join()
+            self._sink = None

@@ -145,3 +145,25 @@ def test_probs_match_the_reference(t, top_p, top_k):
 def test_invalid_settings_are_refused_like_the_reference(kw):
     with pytest.raises(ValueError):
         Sampling(**kw)
+
+
+@pytest.mark.parametrize("s", [Sampling(0.0), Sampling(1.0, top_k=4)], ids=["greedy", "sampled"])
+def test_stream_yields_the_rounds_of_generate(tiny, s):
+    cfg, params, dcfg, dparams = tiny
+    dec = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=s)
+    stop, longest = [3], 0
+    for seed in range(6):
+        full = dec.generate([PROMPT], 24, stop, seed=seed)[0]
+        parts = list(dec.stream(PROMPT, 24, stop, seed=seed))
+        assert sum(parts, []) == full.token_ids
+        assert [len(p) for p in parts[1:]] == full.acceptance_lengths  # first part: the prefill token
+        longest = max([longest, *full.acceptance_lengths])
+    assert longest > 1 or s.greedy  # sampled rounds that commit several tokens are streamed whole
+
+
+def test_stream_raises_bad_input_in_the_caller():
+    cfg = TargetConfig.from_hf(dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64,
+                                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=128, rms_norm_eps=1e-6))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        list(Decoder(init_params(cfg), cfg).stream(PROMPT, 0))
