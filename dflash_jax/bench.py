@@ -258,8 +258,12 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
     for line in lines[1:]:
         try:
             recs.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: measured again
+        except json.JSONDecodeError:  # a line cut by a kill: dropped, and its turn measured again
             pass
+    if len(recs) != len(lines) - 1 or not path.read_text(encoding="utf-8").endswith("\n"):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in [header, *recs]))
+        os.replace(tmp, path)
     return recs
 
 

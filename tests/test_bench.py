@@ -1,0 +1,129 @@
+"""The evaluation harness: prompt formats, the figures it reports, and the CLI end to end (resume)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dflash_jax import bench
+from dflash_jax.bench import BenchError, load_eval_prompts, summarise
+from dflash_jax.data import GSM8K_SUFFIX
+
+from conftest import SHARED
+
+
+def _write(path, rows, as_list=False):
+    path.write_text(json.dumps(rows) if as_list else "".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_prompt_formats(tmp_path):
+    g = load_eval_prompts("gsm8k", _write(tmp_path / "g.jsonl", [{"question": "Q1?", "answer": "1"}]))
+    assert g[0].turns == ("Q1?" + GSM8K_SUFFIX,)
+    h = load_eval_prompts("humaneval", _write(tmp_path / "h.jsonl", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}]))
+    assert h[0].id == "HumanEval/0"
+    assert h[0].turns[0] == ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                             "```python\ndef f():\n\n```")
+    m = load_eval_prompts("mbpp", _write(tmp_path / "m.json", [{"task_id": t, "prompt": f"p{t}"} for t in (2, 11, 510, 511)],
+                                         as_list=True))
+    assert [p.id for p in m] == ["11", "510"]  # the evaluation split only
+    rows = [{"question_id": 81, "turns": ["a", "b"]}, {"question_id": 82, "turns": ["c", "d"]}]
+    assert load_eval_prompts("mt-bench", _write(tmp_path / "mt.jsonl", rows))[1].turns == ("c", "d")
+    assert load_eval_prompts("mt-bench", tmp_path / "mt.jsonl", max_turns=1)[0].turns == ("a",)
+    assert len(load_eval_prompts("mt-bench", tmp_path / "mt.jsonl", max_samples=1)) == 1
+
+
+def test_bad_prompt_files_name_file_and_line(tmp_path):
+    with pytest.raises(BenchError, match=r"g.jsonl:2: expected a non-empty string field 'question'"):
+        load_eval_prompts("gsm8k", _write(tmp_path / "g.jsonl", [{"question": "ok"}, {"q": "x"}]))
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(BenchError, match=r"bad.jsonl:2: not a JSON object"):
+        load_eval_prompts("custom", tmp_path / "bad.jsonl")
+    with pytest.raises(BenchError, match="unknown dataset 'gsm9k'"):
+        load_eval_prompts("gsm9k")
+    with pytest.raises(BenchError, match="not found"):
+        load_eval_prompts("gsm8k", tmp_path / "missing.jsonl")
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "eval").is_dir(), reason="shared eval data not present")
+def test_the_real_sets_load(monkeypatch):
+    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(SHARED / "data" / "eval"))
+    sizes = {d: len(load_eval_prompts(d)) for d in bench.DATASETS}
+    assert sizes == {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
+
+
+def _rec(acc, plain_s, spec_s, tokens, loops=False):
+    return {"dataset": "x", "id": "0", "turn": 0, "loops": loops,
+            "plain": {"tokens": tokens, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0},
+            "b4": {"tokens": tokens, "decode_s": spec_s, "prefill_s": 0.2, "compile_s": 0.0,
+                   "acceptance_lengths": acc, "identical": True}}
+
+
+def test_summary_figures_by_hand():
+    recs = [_rec([4, 1, 2], 2.0, 1.0, 8), _rec([3, 3], 3.0, 1.0, 7, loops=True)]
+    s = summarise(recs, 4)
+    assert s["tau"] == pytest.approx(13 / 5)  # all rounds of all prompts
+    assert s["tau_per_prompt"] == pytest.approx((7 / 3 + 3) / 2)  # the reference benchmark's mean
+    assert s["acceptance_histogram"] == [1, 1, 2, 1]
+    assert s["offset_acceptance"] == pytest.approx([4 / 5, 3 / 5, 1 / 5])  # rounds with a >= k
+    assert s["plain_tokens_per_s"] == pytest.approx(13 / 5) and s["dflash_tokens_per_s"] == pytest.approx(13 / 2)
+    assert s["speedup"] == pytest.approx(2.5)
+    rep = bench.report(recs, [4], ["x"])
+    assert rep["tau"] == s["tau"] and rep["table"]["x"]["4"]["loop_free"]["tau"] == pytest.approx(7 / 3)
+
+
+@pytest.fixture(scope="module")
+def bench_setup(tiny_models, tmp_path_factory):
+    from dflash_jax import checkpoint
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.drafter_io import export_released
+
+    _, _, path = tiny_models["qwen3"]
+    ck = checkpoint.load_target(path)
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    root = tmp_path_factory.mktemp("bench")
+    export_released(init_drafter_params(dcfg, seed=0), dcfg, root / "drafter", target_identity=ck.identity)
+    data = root / "eval"
+    data.mkdir()
+    _write(data / "gsm8k_test.jsonl", [{"question": f"t{10 + i} t{20 + i} t30"} for i in range(3)])
+    _write(data / "mt_bench.jsonl", [{"question_id": 1, "turns": ["t40 t41", "t42 t43 t44"]}])
+    return ck, root
+
+
+def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, capsys):
+    from dflash_jax.cli import main
+
+    ck, root = bench_setup
+    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
+    out = tmp_path / "b" / "r.json"
+    argv = ["bench", "--target", str(ck.path), "--drafter", str(root / "drafter"), "--dataset", "gsm8k", "mt-bench",
+            "--max-new-tokens", "12", "--block-size", "4", "8", "--json-out", str(out), "--no-progress"]
+    main(argv)
+    rep = json.loads(out.read_text())
+    recs = rep["records"]
+    assert len(recs) == 3 + 2  # three GSM8K prompts, one MT-Bench item with two turns
+    assert all(r["b4"]["identical"] and r["b8"]["identical"] for r in recs)  # greedy: lossless
+    acc = [a for r in recs for a in r["b4"]["acceptance_lengths"]]
+    assert rep["tau"] == pytest.approx(np.mean(acc)) and rep["block_size"] == 4
+    assert all(sum(r["b8"]["acceptance_lengths"]) + 1 == r["plain"]["tokens"] for r in recs)
+    turn2 = next(r for r in recs if r["turn"] == 1)
+    assert turn2["prompt_tokens"] > next(r for r in recs if r["dataset"] == "mt-bench" and r["turn"] == 0)["prompt_tokens"]
+    assert set(rep["table"]) == {"gsm8k", "mt-bench", "all"}
+    for f in ("r.md", "r_histogram.png", "r_offsets.png"):
+        assert (out.parent / f).stat().st_size > 0
+    assert "| gsm8k | 4 | 3 |" in capsys.readouterr().out
+
+    # resume after a kill: keep the header and two records, the rerun measures only the rest
+    records = out.with_suffix(".records.jsonl")
+    lines = records.read_text().splitlines()
+    records.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # a torn last line
+    main(argv)
+    again = json.loads(out.read_text())["records"]
+    assert len(again) == 5 and [r["plain"]["tokens"] for r in again[:2]] == [r["plain"]["tokens"] for r in recs[:2]]
+
+    # other settings into the same records: refused, nothing lost
+    with pytest.raises(SystemExit, match="other settings"):
+        main([*argv[:8], "--max-new-tokens", "10", "--block-size", "4", "--json-out", str(out), "--no-progress"])
+    assert len(records.read_text().splitlines()) == 6
