@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 export DFLASH_JAX_HOME ?= $(HOME)/.cache/dflash-jax
 
-.PHONY: install demo test test-fast bench-decode bench-train clean-cache
+.PHONY: install demo test test-fast bench bench-full bench-reference bench-decode bench-train clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,21 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
+
+# Quick tau / speedup table (3 prompts per set, plain vs blocks 8 and 16; a few minutes) with the shipped drafter.
+bench: $(STAMP)
+	$(VENV)/bin/dflash-jax bench --dataset all --max-samples 3 --max-new-tokens 128 --block-size 8 16 \
+		--json-out docs/bench/quick.json
+
+# The paper-shape table (100 prompts per set, temperature 0 and 1, blocks 8 and 16): hours on 2 CPU
+# cores, so it runs in the background (log in runs/bench_full.log) and resumes when started again.
+bench-full: $(STAMP)
+	nohup launch/bench_full.sh > runs/bench_full.log 2>&1 &
+	@echo "bench-full runs in the background: tail -f runs/bench_full.log (make bench-full again resumes it)"
+
+# Race with the reference implementations (dflash==0.1.0, transformers generate), same prompts, greedy.
+bench-reference: $(STAMP)
+	$(PY) launch/race_reference.py --prompts 20 --out docs/race_reference.json
 
 bench-decode: $(STAMP)
 	$(PY) launch/bench_decode.py --out docs/bench_decode.json

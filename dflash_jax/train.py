@@ -125,6 +125,7 @@ def validate_config(c) -> None:
     need(isinstance(mesh, (tuple, list)) and len(mesh) == 3 and all(is_int(x) and x >= 1 for x in mesh),
          "mesh must be three positive integers (data, fsdp, tensor)")
     need(is_int(c.get("data_shards", 0)) and c.get("data_shards", 0) >= 0, "data_shards must be an integer >= 0")
+    need(isinstance(c.get("init_from", ""), str), "init_from must be a drafter folder path or ''")
     d, t, e, k = c.drafter, c.train, c.eval, c.ckpt
     need(is_int(d.num_layers) and d.num_layers >= 1, "drafter.num_layers must be an integer >= 1")
     need(is_int(d.block_size) and d.block_size >= 2, "drafter.block_size must be an integer >= 2")
@@ -353,10 +354,14 @@ class Trainer:
             "target": self.target.identity, "data": self.ds.identity,
             "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
         }
+        if c.get("init_from"):
+            self.identity["init_from"] = str(Path(c.init_from).resolve())
         self.run_id = fingerprint(self.identity)
         kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
                   anchor_chunk=t.anchor_chunk)
         params = init_drafter_params(self.dcfg, seed=c.seed)
+        if c.get("init_from"):
+            params = self._initial_weights(c.init_from, params)
         self._step, param_sh, self.batch_sh, opt_sh = sharded_step(self.mesh, params, self.target.params,
                                                                     opt=self.opt, **kw)
         self._eval = jax.jit(partial(eval_stats, **kw))
@@ -367,6 +372,19 @@ class Trainer:
         self.best = math.inf
         self.ckpt = self._manager()
         self._restore()
+
+    def _initial_weights(self, folder: str, params):
+        """Weights of the drafter in ``folder`` (a fresh run continues from it: a new schedule and
+        optimiser state); its config must be this run's."""
+        from dflash_jax.drafter_io import load_drafter
+
+        loaded, cfg, _ = load_drafter(folder)
+        ours, theirs = self.dcfg.to_released(), cfg.to_released()
+        diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        if diff:
+            raise ConfigError(f"init_from {folder}: its drafter differs from this config's in {', '.join(diff)}; "
+                              "set the drafter.* fields to match it")
+        return jax.tree.map(lambda a, b: np.asarray(b, a.dtype), params, loaded)
 
     # -- checkpoints
     def _manager(self):

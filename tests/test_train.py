@@ -418,3 +418,19 @@ def test_recipe_configs_load_with_the_public_settings(name):
     assert (c.target, c.drafter.num_layers, c.drafter.block_size) == (f"ckpt/{name}", 5, 16)
     assert (c.train.num_anchors, c.train.max_len, c.train.batch_size, c.train.lr) == (512, 3072, 32, 6e-4)
     assert c.train.compute_dtype == "bfloat16" and c.data_shards == 0  # fields inherited from the base config
+
+
+def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny, tmp_path):
+    import jax
+
+    from dflash_jax.drafter_io import load_drafter
+
+    ck, folder = tiny
+    start = trained[2] / "drafter"
+    t = Trainer(tiny_config(ck, folder, tmp_path / "a", f"init_from={start}", "train.steps=5"), log=lambda m: None)
+    want, _, _ = load_drafter(start)
+    for a, b in zip(jax.tree.leaves(t.params), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert t.identity["init_from"] == str(start.resolve())
+    with pytest.raises(ConfigError, match="init_from .*differs from this config's in .*block_size"):
+        Trainer(tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None)
