@@ -34,7 +34,7 @@ bench: $(STAMP)
 # The paper-shape table (100 prompts per set, temperature 0 and 1, blocks 8 and 16): hours on 2 CPU
 # cores, so it runs in the background (log in runs/bench_full.log) and resumes when started again.
 bench-full: $(STAMP)
-	nohup launch/bench_full.sh > runs/bench_full.log 2>&1 &
+	mkdir -p runs && nohup launch/bench_full.sh > runs/bench_full.log 2>&1 &
 	@echo "bench-full runs in the background: tail -f runs/bench_full.log (make bench-full again resumes it)"
 
 # Race with the reference implementations (dflash==0.1.0, transformers generate), same prompts, greedy.

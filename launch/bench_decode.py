@@ -12,6 +12,10 @@ Shapes are static, so a round costs the same whatever the drafter accepts; the f
 
 ``batch``: plain decoding throughput (all sequences together) at batch 1, 4 and 16.
 
+``stream``: the cost of streaming (``Decoder.stream``: an ordered host callback after every
+round of the one compiled loop) against ``generate``, wall clock per prompt after compilation,
+plain decoding and block 16 (random drafter: one token per round, the most callbacks).
+
     python launch/bench_decode.py --out docs/bench_decode.json      # or: make bench-decode
     python launch/bench_decode.py --suite round                     # one suite
 """
@@ -86,6 +90,33 @@ def run_round(texts, n_new, batch):
     return rows, 0.0
 
 
+def run_stream(texts, n_new, batch):
+    """Wall seconds of generate vs stream (compiled), plain and block 16, alternating per prompt."""
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.cli import encode, load_drafter
+    from dflash_jax.decode import Decoder
+    from dflash_jax.utils import enable_compilation_cache
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    tok = ck.tokenizer()
+    ids = [encode(tok, t, chat=True) for t in texts]
+    rows = []
+    for bs, drafter in ((1, None), (16, load_drafter("random", ck, tok))):
+        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=bs if drafter else None)
+        dec.generate(ids[:1], n_new), list(dec.stream(ids[0], n_new))  # compile both executables
+        gen = stream = 0.0
+        for p in ids:
+            t0 = time.perf_counter()
+            dec.generate([p], n_new)
+            t1 = time.perf_counter()
+            list(dec.stream(p, n_new))
+            stream, gen = stream + time.perf_counter() - t1, gen + t1 - t0
+        rows.append({"block_size": bs, "generate_s": gen, "stream_s": stream, "overhead": stream / gen - 1,
+                     "ms_per_callback": 1e3 * (stream - gen) / (len(ids) * (n_new - 1))})
+    return rows, 0.0
+
+
 def run_batch(texts, n_new, batch):
     """Plain decoding throughput (tokens/s over all rows) at batch 1, 4, 16 on 16 prompts."""
     from dflash_jax import checkpoint, hub
@@ -138,7 +169,7 @@ def run_hf(texts, n_new, batch):
 
 def worker(args):
     texts = prompts(args.prompts)
-    run = {"jax": run_jax, "hf": run_hf, "round": run_round, "batch": run_batch}[args.impl]
+    run = {"jax": run_jax, "hf": run_hf, "round": run_round, "batch": run_batch, "stream": run_stream}[args.impl]
     rows, compile_s = run(texts, args.new_tokens, args.batch)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"impl": args.impl, "batch": args.batch, "rows": rows, "compile_s": compile_s,
@@ -187,7 +218,17 @@ def suite_batch(args) -> dict:
     return {"prompts": 16, "new_tokens": 64, "rows": r["rows"], "table": "\n".join(lines)}
 
 
-SUITES = {"vs-hf": suite_vs_hf, "round": suite_round, "batch": suite_batch}
+def suite_stream(args) -> dict:
+    r = _child("stream", args.prompts, args.new_tokens)
+    lines = ["| block size | generate (s, all prompts) | stream (s) | overhead | ms per round callback |",
+             "|---|---|---|---|---|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['block_size']} | {x['generate_s']:.2f} | {x['stream_s']:.2f} | "
+                     f"{100 * x['overhead']:+.1f}% | {x['ms_per_callback']:.2f} |")
+    return {"prompts": args.prompts, "new_tokens": args.new_tokens, "rows": r["rows"], "table": "\n".join(lines)}
+
+
+SUITES = {"vs-hf": suite_vs_hf, "round": suite_round, "batch": suite_batch, "stream": suite_stream}
 
 
 def main():
@@ -196,7 +237,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=5, help="GSM8K test prompts (vs-hf and round suites)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--out", default="docs/bench_decode.json", help="JSON file; suites run now replace their entry")
-    ap.add_argument("--impl", choices=["jax", "hf", "round", "batch"], help=argparse.SUPPRESS)
+    ap.add_argument("--impl", choices=["jax", "hf", "round", "batch", "stream"], help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.impl:
