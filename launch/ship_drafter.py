@@ -1,0 +1,93 @@
+"""Ship a trained drafter into ``assets/``: released format (bfloat16) + its training record.
+
+    .venv/bin/python launch/ship_drafter.py runs/smollm2_v1 --out assets/smollm2-135m-instruct-dflash \\
+        --command "dflash-jax train --config configs/smollm2_135m.py ..."
+
+Writes, atomically (the old folder is replaced only once the new one is complete):
+``config.json`` + ``model.safetensors`` (what ``dflash.model.DFlashDraftModel`` loads, with
+the target's identity so that ``--drafter auto`` finds it), ``train_config.json`` (the run's
+config), ``training_summary.json`` (steps, time, losses, validation tau), ``loss.png`` (the
+run's curves, ``launch/plot_metrics.py``) and ``README.md`` (how it was made, with the
+commands given by ``--data-command`` and ``--command``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def summary(rows: list[dict]) -> dict:
+    """Headline figures of a run's metrics rows."""
+    train = [r for r in rows if "loss" in r]
+    val = [r for r in rows if "val_loss" in r]
+    last = train[-1]
+    tail = train[-20:]
+    out = {
+        "steps": last["step"],
+        "train_hours": round(sum(r.get("step_s", 0.0) for r in train) / 3600, 2),
+        "final_loss_mean_last_20": round(sum(r["loss"] for r in tail) / len(tail), 4),
+        "final_tau_blocks_mean_last_20": round(sum(r["tau_blocks"] for r in tail) / len(tail), 3),
+        "final_offset_accuracy_mean_last_20": [round(sum(r["acc"][k] for r in tail) / len(tail), 3)
+                                               for k in range(len(last["acc"]))],
+    }
+    if val:
+        best = min(val, key=lambda r: r["val_loss"])
+        out.update({"best_val_step": best["step"], "best_val_loss": round(best["val_loss"], 4),
+                    "val": [{k: round(r[k], 4) for k in ("step", "val_loss", "val_tau_blocks", "val_decode_tau")
+                             if k in r} for r in val]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="training run folder (out_dir)")
+    ap.add_argument("--out", default="assets/smollm2-135m-instruct-dflash")
+    ap.add_argument("--which", default="best", choices=["best", "drafter"], help="lowest validation loss, or final")
+    ap.add_argument("--data-command", default="", help="the prepare-data command that made the run's data")
+    ap.add_argument("--command", default="", help="the train command(s) that made the run")
+    args = ap.parse_args()
+
+    from dflash_jax.checkpoint import atomic_folder
+    from dflash_jax.drafter_io import export_released, load_drafter
+
+    run, out = Path(args.run), Path(args.out)
+    params, cfg, identity = load_drafter(run / args.which)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    info = summary(rows)
+    info["shipped"] = args.which
+    with atomic_folder(out, overwrite=True, marker="config.json") as tmp:
+        export_released(params, cfg, tmp / "drafter", dtype="bfloat16", target_identity=identity)
+        for f in (tmp / "drafter").iterdir():
+            f.chmod(0o644)  # safetensors writes 0600; this file is committed
+            f.rename(tmp / f.name)
+        (tmp / "drafter").rmdir()
+        shutil.copy(run / "config.json", tmp / "train_config.json")
+        (tmp / "training_summary.json").write_text(json.dumps(info, indent=1))
+        subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(run / "metrics.jsonl"),
+                        "--out", str(tmp / "loss.png")], check=True)
+        (tmp / "README.md").write_text(
+            f"# DFlash drafter for SmolLM2-135M-Instruct\n\n"
+            f"Released DFlash format (bfloat16): `config.json` + `model.safetensors`; loads in "
+            f"`dflash.model.DFlashDraftModel` and in dflash-jax (`--drafter auto` picks it for this target).\n\n"
+            f"{cfg.num_layers} drafter layers, block size {cfg.block_size}, target layers "
+            f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained {info['steps']} steps "
+            f"({info['train_hours']} h on 2 CPU cores); shipped: `{args.which}` (step {info.get('best_val_step', info['steps'])}"
+            f", validation loss {info.get('best_val_loss')}).\n\n"
+            f"- `train_config.json`: the run's full config\n- `training_summary.json`: losses, per-offset "
+            f"accuracy, validation tau\n- `loss.png`: the curves\n\n"
+            f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"
+            f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}\n```\n"
+            f"\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n")
+    print(f"wrote {out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")
+
+
+if __name__ == "__main__":
+    main()
