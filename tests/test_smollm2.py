@@ -92,3 +92,35 @@ def test_speculative_equals_plain_on_real_prompts(smollm2):
     for p, want, r in zip(prompts, plain, results):
         _same_or_near_tie(ck, p, want, r.token_ids)
     assert max(a for r in results for a in r.acceptance_lengths) >= 4  # multi-token blocks really verified
+
+
+def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkeypatch):
+    """The drafter in assets/ is what --drafter auto picks for SmolLM2; the reference dflash==0.1.0
+    loads the same files and gives the same tokens and per-round acceptance lengths; speculative
+    output follows the floating-point rule against plain decoding."""
+    import time
+
+    import dflash.model
+    from dflash.model import DFlashDraftModel, dflash_generate
+
+    from dflash_jax.cli import load_drafter, resolve_drafter
+    from dflash_jax.hub import SHIPPED_DRAFTERS, SMOLLM2
+
+    ck, tok, hf = smollm2
+    folder = SHIPPED_DRAFTERS[SMOLLM2]
+    assert (folder / "model.safetensors").stat().st_size < 40 * 2**20
+    assert resolve_drafter("auto", ck) == str(folder)
+    monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # return_stats on CPU
+    ref = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+    dec = Decoder(ck.params, ck.cfg, drafter=load_drafter("auto", ck, tok), block_size=16)
+    plain = Decoder(ck.params, ck.cfg)
+    stops = stop_ids(tok)
+    for text in eval_prompts(2):
+        ids = encode(tok, text, chat=True)
+        ours = dec.generate([ids], 48, stops)[0]
+        with torch.no_grad():
+            out = dflash_generate(ref, hf, torch.tensor([ids]), max_new_tokens=48, stop_token_ids=stops,
+                                  block_size=16, return_stats=True)
+        assert ours.token_ids == out.output_ids[0, len(ids):].tolist()
+        assert ours.acceptance_lengths == list(out.acceptance_lengths)
+        _same_or_near_tie(ck, ids, plain.generate([ids], 48, stops)[0].token_ids, ours.token_ids)
