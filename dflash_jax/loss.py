@@ -67,10 +67,12 @@ def sample_anchors(rng: Array, loss_mask: Array, num_anchors: int) -> Anchors:
     return Anchors(pos, valid)
 
 
-def offset_weights(block_size: int, gamma: float) -> Array:
-    """``w_k = exp(-(k-1)/gamma)`` for offsets ``k = 1..B-1``; ``w_0 = 0`` (float32 ``[B]``)."""
+def offset_weights(block_size: int, gamma: float, loss_offsets: int = 0) -> Array:
+    """``w_k = exp(-(k-1)/gamma)`` for offsets ``k = 1..K``, ``K = loss_offsets`` (0: all ``B-1``);
+    ``w_0 = 0`` and ``w_k = 0`` past ``K`` (float32 ``[B]``)."""
     k = jnp.arange(block_size, dtype=jnp.float32)
-    return jnp.where(k >= 1, jnp.exp(-(k - 1) / gamma), 0.0)
+    last = loss_offsets or block_size - 1
+    return jnp.where((k >= 1) & (k <= last), jnp.exp(-(k - 1) / gamma), 0.0)
 
 
 def block_labels(tokens: Array, loss_mask: Array, anchors: Anchors, block_size: int) -> tuple[Array, Array]:
@@ -106,8 +108,10 @@ def context_kv(drafter_params, feats: Array, cfg: DrafterConfig):
 
 
 def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: Anchors, *,
-                 tcfg: TargetConfig, cfg: DrafterConfig) -> Array:
-    """Draft logits ``[b, A, B, V]`` (float32) of the blocks at ``anchors`` (all at once).
+                 tcfg: TargetConfig, cfg: DrafterConfig, loss_offsets: int = 0) -> Array:
+    """Draft logits ``[b, A, K, V]`` (float32) at block offsets ``1..K`` of the blocks at ``anchors``
+    (``K = loss_offsets``, 0: all ``B-1``; offset 0, the anchor itself, is never predicted, and
+    the LM head, most of the cost, runs only where the loss looks).
 
     This is the training forward for a group of blocks; ``block_loss`` calls it per chunk.
     """
@@ -120,11 +124,14 @@ def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: 
     layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions,
                                            anchors.valid, bs)
     hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks)
-    return draft_logits(hidden, target_params, tcfg, cfg).reshape(b, a, bs, -1)
+    k = loss_offsets or bs - 1
+    hidden = hidden.reshape(b, a, bs, -1)[:, :, 1: k + 1]
+    return draft_logits(hidden, target_params, tcfg, cfg)
 
 
 def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, anchors: Anchors, *,
-               tcfg: TargetConfig, cfg: DrafterConfig, gamma: float, anchor_chunk: int = 16) -> BlockStats:
+               tcfg: TargetConfig, cfg: DrafterConfig, gamma: float, anchor_chunk: int = 16,
+               loss_offsets: int = 0) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
     Args:
@@ -134,6 +141,8 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
       anchors: from ``sample_anchors``; ``A`` must be a multiple of ``anchor_chunk``.
       gamma: loss decay (SPEC: 7 for block size 16).
       anchor_chunk: anchors processed together; bounds activation memory.
+      loss_offsets: supervise offsets ``1..loss_offsets`` only (0: all ``B-1``, SPEC); a cheaper
+        objective for small budgets (the LM head runs on those offsets only).
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
@@ -143,7 +152,8 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
     feats = jax.lax.stop_gradient(feats)
     ctx_kv = context_kv(drafter_params, feats, cfg)
     labels, use = block_labels(tokens, loss_mask, anchors, cfg.block_size)
-    w = offset_weights(cfg.block_size, gamma)
+    w = offset_weights(cfg.block_size, gamma, loss_offsets)
+    k = loss_offsets or cfg.block_size - 1
     a = anchors.positions.shape[1]
     if a % anchor_chunk:
         raise ValueError(f"num_anchors ({a}) must be a multiple of anchor_chunk ({anchor_chunk})")
@@ -155,14 +165,18 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
     @jax.checkpoint
     def chunk(args):
         pos, valid, lab, u = args
-        logits = block_logits(drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg)
+        logits = block_logits(drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg,
+                              loss_offsets=k)  # offsets 1..k
+        lab, u = lab[..., 1: k + 1], u[..., 1: k + 1]
         logz = jax.nn.logsumexp(logits, axis=-1)
         ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
         uf = u.astype(jnp.float32)
         right = (jnp.argmax(logits, -1) == lab) & u
-        # leading correct offsets (1..B-1) of each real block: its acceptance length minus the bonus
-        lead = jnp.cumprod((right | (jnp.arange(cfg.block_size) == 0)).astype(jnp.int32), axis=-1)[..., 1:].sum(-1)
-        return (jnp.sum(ce * uf * w), jnp.sum(uf * w), uf.sum((0, 1)), right.astype(jnp.float32).sum((0, 1)),
+        # leading correct offsets (1..k) of each real block: its acceptance length minus the bonus
+        lead = jnp.cumprod(right.astype(jnp.int32), axis=-1).sum(-1)
+        pad = (1, cfg.block_size - 1 - k)  # per-offset sums back to [B]: offset 0 and offsets past k are 0
+        return (jnp.sum(ce * uf * w[1: k + 1]), jnp.sum(uf * w[1: k + 1]), jnp.pad(uf.sum((0, 1)), pad),
+                jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
                 jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32), valid.sum().astype(jnp.float32))
 
     parts = jax.lax.map(chunk, (split(anchors.positions), split(anchors.valid), split(labels), split(use)))

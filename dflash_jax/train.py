@@ -135,6 +135,9 @@ def validate_config(c) -> None:
     for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
         need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
     need(t.max_len >= 2, "train.max_len must be >= 2")
+    lo = t.get("loss_offsets", 0)
+    need(is_int(lo) and 0 <= lo <= d.block_size - 1,
+         f"train.loss_offsets must be an integer in [0, drafter.block_size - 1 = {d.block_size - 1}] (0 = all)")
     for key in ("gamma", "lr"):
         need(isinstance(t[key], (int, float)) and t[key] > 0, f"train.{key} must be a positive number")
     for key in ("warmup_frac", "weight_decay", "b1", "b2"):
@@ -186,7 +189,7 @@ def make_optimizer(t) -> optax.GradientTransformation:
 
 
 def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
-               anchor_chunk):
+               anchor_chunk, loss_offsets=0):
     """One optimiser update over ``accum`` micro-batches.
 
     Args:
@@ -198,7 +201,7 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     accum = batch["tokens"].shape[0]
     keys = jax.random.split(rng, accum)
     anchors = jax.vmap(loss_lib.sample_anchors, (0, 0, None))(keys, batch["loss_mask"], num_anchors)
-    w = loss_lib.offset_weights(dcfg.block_size, gamma)
+    w = loss_lib.offset_weights(dcfg.block_size, gamma, loss_offsets)
     _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(batch["tokens"], batch["loss_mask"], anchors,
                                                                dcfg.block_size)
     total_weight = jnp.maximum(jnp.sum(use * w), 1e-6)  # the whole global batch, every micro-batch
@@ -209,7 +212,7 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
 
         def objective(p):
             s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
-                                    anchor_chunk=anchor_chunk)
+                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
             return s.loss / total_weight, s
 
         (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
@@ -224,7 +227,8 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
 
 
-def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk):
+def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk,
+                 loss_offsets=0):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
     Parameters of the drafter and the frozen target are laid out by the logical-axis table
@@ -249,7 +253,7 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
                                    transform_non_params=lambda _: rep)
     batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
-                   anchor_chunk=anchor_chunk)
+                   anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
     jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, {"tokens": batch_sh, "loss_mask": batch_sh}, rep),
                      out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
 
@@ -269,10 +273,10 @@ def summarise(s: loss_lib.BlockStats) -> dict:
             "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0)}
 
 
-def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk):
+def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0):
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
     return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
-                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk)
+                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -354,11 +358,13 @@ class Trainer:
             "target": self.target.identity, "data": self.ds.identity,
             "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
         }
+        if not self.identity["train"].get("loss_offsets"):  # the default: runs made before the field existed match
+            self.identity["train"].pop("loss_offsets", None)
         if c.get("init_from"):
             self.identity["init_from"] = str(Path(c.init_from).resolve())
         self.run_id = fingerprint(self.identity)
         kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
-                  anchor_chunk=t.anchor_chunk)
+                  anchor_chunk=t.anchor_chunk, loss_offsets=t.get("loss_offsets", 0))
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.get("init_from"):
             params = self._initial_weights(c.init_from, params)

@@ -120,7 +120,7 @@ def _consistency(ck, dparams, dcfg, tokens, anchor_list):
         cache = step.write_context(dparams, step.init_cache(1, 128), feats[:, :p], jnp.zeros((1,), jnp.int32))
         ref = step.logits(dparams, ck.params, cache, toks[:, p], jnp.array([p]), jnp.array([dcfg.block_size]),
                           dcfg.block_size)
-        worst = max(worst, float(jnp.max(jnp.abs(ref[0] - train_logits[0, a, 1:]))))
+        worst = max(worst, float(jnp.max(jnp.abs(ref[0] - train_logits[0, a]))))  # offsets 1..B-1
     return worst
 
 
@@ -434,3 +434,30 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     assert t.identity["init_from"] == str(start.resolve())
     with pytest.raises(ConfigError, match="init_from .*differs from this config's in .*block_size"):
         Trainer(tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None)
+
+
+def test_loss_offsets_supervise_only_the_first_offsets(tiny):
+    """loss_offsets=K is the full objective with w_k = 0 past K (computed from the full logits)."""
+    ck, _ = tiny
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    dparams = init_drafter_params(dcfg, seed=3)
+    rs = np.random.RandomState(0)
+    tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
+    mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
+    anchors = loss.sample_anchors(jax.random.PRNGKey(1), mask, 8)
+    kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    full = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    part = loss.block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
+    _, feats, _ = Target(ck.cfg).apply({"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None,
+                                       dcfg.target_layer_ids)
+    logits = loss.block_logits(dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors,
+                               tcfg=ck.cfg, cfg=dcfg)  # offsets 1..7
+    labels, use = loss.block_labels(tokens, mask, anchors, 8)
+    ce = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, labels[..., 1:, None], -1)[..., 0]
+    w = loss.offset_weights(8, 4.0, 3)[1:]
+    np.testing.assert_allclose(part.loss, jnp.sum(ce * use[..., 1:] * w), rtol=1e-5)
+    np.testing.assert_allclose(part.weight, jnp.sum(use[..., 1:] * w), rtol=1e-6)
+    np.testing.assert_array_equal(part.count[4:], 0)
+    np.testing.assert_array_equal(part.count[:4], full.count[:4])
+    np.testing.assert_array_equal(part.correct[:4], full.correct[:4])
+    assert float(part.weight) < float(full.weight)
