@@ -13,8 +13,8 @@ process, and reports what papers report (DFlash paper, section 5; the reference 
 - decode tokens/s of plain and speculative decoding and their ratio, the **speedup**
   (decode only: the first token and the prefill are reported apart as time to first token,
   compilation apart again);
-- the same on loop-free prompts only (a plain output with a repeated 8-gram is *looping*;
-  loops make drafting easy and inflate tau).
+- the same on loop-free prompts only (a plain output in which some 8-gram occurs 3 times or
+  more is *looping*; loops make drafting easy and inflate tau).
 
 Records are appended to ``<json-out>.records.jsonl`` as they are measured, so an
 interrupted run resumes where it stopped (same settings required).
@@ -196,7 +196,10 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
       BenchError: ``records`` was written with other settings.
     """
     done = _open_records(records, settings)
-    by_key = {(r["dataset"], r["id"], r["turn"]): r for r in done}
+    # a record is reused only for the same item with the same text (another prompts file may reuse ids)
+    items = {(p.dataset, p.id): p for p in prompts}
+    by_key = {(r["dataset"], r["id"], r["turn"]): r for r in done
+              if r.get("text_sha") == _text_sha(items.get((r["dataset"], r["id"])), r["turn"])}
     max_turns = max(len(p.turns) for p in prompts)
     index = {(p.dataset, p.id): i for i, p in enumerate(prompts)}
     with records.open("a", encoding="utf-8") as out:
@@ -207,7 +210,8 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
                 ids = [chat_ids(tok, _messages(p, turn, by_key, tok)) for p in chunk]
                 seeds = [seed + index[(p.dataset, p.id)] for p in chunk]
                 base = plain.generate(ids, max_new_tokens, stop_ids, seeds)
-                new = [{"dataset": p.dataset, "id": p.id, "turn": turn, "prompt_tokens": len(x),
+                new = [{"dataset": p.dataset, "id": p.id, "turn": turn, "text_sha": _text_sha(p, turn),
+                        "prompt_tokens": len(x),
                         "output_ids": r.token_ids, "loops": loops(r.token_ids), "plain": _timing(r)}
                        for p, x, r in zip(chunk, ids, base)]
                 for bs, dec in speculative.items():
@@ -215,9 +219,11 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
                         rec[f"b{bs}"] = {**_timing(r), "acceptance_lengths": r.acceptance_lengths,
                                          "identical": r.token_ids == b.token_ids}
                 for rec in new:
-                    for key in ["plain"] + [f"b{bs}" for bs in speculative]:  # batch time -> per-row share
+                    for key in ["plain"] + [f"b{bs}" for bs in speculative]:
+                        # decode and compile time: each row's share of the batch (throughput); the
+                        # prefill stays whole, since every row waits for all of it (time to first token)
                         rec[key]["decode_s"] /= len(chunk)
-                        rec[key]["prefill_s"] /= len(chunk)
+                        rec[key]["compile_s"] /= len(chunk)
                     by_key[(rec["dataset"], rec["id"], turn)] = rec
                     out.write(json.dumps(rec) + "\n")
                 out.flush()
@@ -225,6 +231,13 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
                     progress(len(chunk))
     keys = {(p.dataset, p.id, t) for p in prompts for t in range(len(p.turns))}
     return [r for k, r in by_key.items() if k in keys]
+
+
+def _text_sha(p: EvalPrompt | None, turn: int) -> str | None:
+    """Hash of an item's user turns up to ``turn`` (what its record was measured on)."""
+    if p is None or turn >= len(p.turns):
+        return None
+    return hashlib.sha256(json.dumps(p.turns[: turn + 1]).encode()).hexdigest()[:16]
 
 
 def _messages(p: EvalPrompt, turn: int, by_key: dict, tok) -> list[dict]:
@@ -251,6 +264,9 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
         header = json.loads(lines[0])
     except (IndexError, json.JSONDecodeError):
         header = {}
+    if not header and len(lines) <= 1:  # a header cut by a kill before any record: start afresh
+        path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
+        return []
     if header.get("settings_key") != key:
         raise BenchError(f"{path} holds records of a run with other settings ({header.get('settings')}); "
                          "pass another --json-out, or delete the file to start over")

@@ -236,8 +236,8 @@ def cmd_generate(args) -> None:
     if empty:
         sys.exit(f"error: prompt {empty[0] + 1} encodes to no tokens")
     if args.stream:
-        for ids in all_ids:
-            _stream_one(dec, tok, ids, args.max_new_tokens, stops, args.seed)
+        for i, ids in enumerate(all_ids):  # prompt i: seed + i, as in batched decoding
+            _stream_one(dec, tok, ids, args.max_new_tokens, stops, args.seed + i)
         return
     for i in range(0, len(texts), args.batch_size):
         chunk, ids = texts[i: i + args.batch_size], all_ids[i: i + args.batch_size]
@@ -456,8 +456,8 @@ def cmd_bench(args) -> None:
             records = bench.run(prompts, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
                                 records=records_path, settings=settings, batch_size=args.batch_size,
                                 seed=args.seed, progress=bar.update)
-        except bench.BenchError as e:
-            sys.exit(f"error: {e}")
+        except (bench.BenchError, ValueError) as e:  # ValueError: e.g. a second turn longer than the context
+            sys.exit(f"error: {e} (measured turns are kept in {records_path})")
         except KeyboardInterrupt:
             sys.exit(f"\ninterrupted: measured turns are kept in {records_path}; run the same command to resume")
     rep = bench.report(records, blocks, datasets)

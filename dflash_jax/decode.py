@@ -273,7 +273,8 @@ class Decoder:
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
         self._compiled: dict[tuple, tuple] = {}
-        self._sink = None  # where the streaming callback sends each round's tokens
+        self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
+        self._stream_lock = threading.Lock()
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
         p = bucket(max(prompt_lens))
@@ -396,10 +397,20 @@ class Decoder:
 
         The loop stays one compiled ``while_loop``; an ordered host callback after every round
         hands the committed tokens to this iterator (a separate executable from ``generate``'s,
-        not kept in the persistent compilation cache). Errors as ``generate``.
+        not kept in the persistent compilation cache). The compiled loop cannot be interrupted:
+        leaving the iteration early waits for the generation to finish.
+
+        Raises:
+          RuntimeError: another stream of this ``Decoder`` is still running (one at a time;
+            use a second ``Decoder`` for concurrent streams).
+          ValueError: as ``generate``.
         """
         items: queue.Queue = queue.Queue()
         done = object()
+        with self._stream_lock:
+            if self._sink is not None:
+                raise RuntimeError("this Decoder is already streaming; finish that stream first or use another Decoder")
+            self._sink = lambda rows: items.put(rows[0])
 
         def work():
             try:
@@ -408,7 +419,6 @@ class Decoder:
             except BaseException as e:  # re-raised in the caller's thread
                 items.put(e)
 
-        self._sink = lambda rows: items.put(rows[0])
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         try:

@@ -93,6 +93,7 @@ def main() -> None:
         h_tokens = h_out[0, len(x):].tolist()
         rows.append({
             "prompt": i, "prompt_tokens": len(x), "tokens": spec.num_output_tokens,
+            "plain_tokens": plain.num_output_tokens,
             "ours_spec_s": t_spec, "ref_spec_s": t_ref, "ours_plain_s": t_plain, "hf_plain_s": t_hf,
             "spec_tokens_equal": spec.token_ids == r_tokens,
             "acceptance_equal": spec.acceptance_lengths == list(r_out.acceptance_lengths),
@@ -110,7 +111,7 @@ def main() -> None:
         "drafter": str(drafter_dir), "block_size": block, "dataset": args.dataset, "prompts": len(rows),
         "max_new_tokens": args.max_new_tokens,
         "ours_spec_tok_s": tps("ours_spec_s"), "ref_spec_tok_s": tps("ref_spec_s", "ref_tokens"),
-        "ours_plain_tok_s": tps("ours_plain_s"), "hf_plain_tok_s": tps("hf_plain_s", "hf_tokens"),
+        "ours_plain_tok_s": tps("ours_plain_s", "plain_tokens"), "hf_plain_tok_s": tps("hf_plain_s", "hf_tokens"),
         "spec_tokens_equal": sum(r["spec_tokens_equal"] for r in rows),
         "acceptance_equal": sum(r["acceptance_equal"] for r in rows),
         "plain_tokens_equal": sum(r["plain_tokens_equal"] for r in rows),

@@ -63,6 +63,11 @@ def main() -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     info = summary(rows)
     info["shipped"] = args.which
+    if args.which == "best" and "best_val_step" in info:
+        shipped_at = f"step {info['best_val_step']}, validation loss {info['best_val_loss']}"
+    else:
+        last_val = info.get("val", [{}])[-1]
+        shipped_at = f"step {info['steps']}, last validation loss {last_val.get('val_loss')}"
     with atomic_folder(out, overwrite=True, marker="config.json") as tmp:
         export_released(params, cfg, tmp / "drafter", dtype="bfloat16", target_identity=identity)
         for f in (tmp / "drafter").iterdir():
@@ -79,8 +84,7 @@ def main() -> None:
             f"`dflash.model.DFlashDraftModel` and in dflash-jax (`--drafter auto` picks it for this target).\n\n"
             f"{cfg.num_layers} drafter layers, block size {cfg.block_size}, target layers "
             f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained {info['steps']} steps "
-            f"({info['train_hours']} h on 2 CPU cores); shipped: `{args.which}` (step {info.get('best_val_step', info['steps'])}"
-            f", validation loss {info.get('best_val_loss')}).\n\n"
+            f"({info['train_hours']} h on 2 CPU cores); shipped: `{args.which}` ({shipped_at}).\n\n"
             f"- `train_config.json`: the run's full config\n- `training_summary.json`: losses, per-offset "
             f"accuracy, validation tau\n- `loss.png`: the curves\n\n"
             f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"

@@ -167,3 +167,14 @@ def test_stream_raises_bad_input_in_the_caller():
                                     max_position_embeddings=128, rms_norm_eps=1e-6))
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(Decoder(init_params(cfg), cfg).stream(PROMPT, 0))
+
+
+def test_one_stream_at_a_time_per_decoder(tiny):
+    cfg, params, _, _ = tiny
+    dec = Decoder(params, cfg)
+    first = dec.stream(PROMPT, 8)
+    next(first)  # running
+    with pytest.raises(RuntimeError, match="already streaming"):
+        next(dec.stream(PROMPT, 8))
+    rest = list(first)
+    assert len(rest) == 7 and list(dec.stream(PROMPT, 8))  # the decoder streams again once the first is done
