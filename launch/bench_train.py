@@ -7,6 +7,13 @@ steps, then timed steps. Reported: drafter blocks/s, target tokens/s, seconds pe
 the process's peak resident memory (which includes the target's weights and the JAX runtime).
 
     .venv/bin/python launch/bench_train.py --out docs/bench_train.json      # or: make bench-train
+
+``--recipe``: the CPU recipe's step (``configs/smollm2_135m_cpu.py``: 2 layers reading target
+layers 1, 14, 27; 4 sequences x 384 tokens x 64 anchors, 16 at a time) split into its parts:
+the whole step, the target's feature forward alone (what stored features would save), and
+the step with ``loss_offsets=8``.
+
+    .venv/bin/python launch/bench_train.py --recipe --out docs/bench_train_recipe.json
 """
 
 from __future__ import annotations
@@ -65,6 +72,51 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def recipe_worker(steps: int) -> dict:
+    import jax
+    import numpy as np
+    from functools import partial
+
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.target import Target
+    from dflash_jax.train import make_optimizer, train_step
+    from dflash_jax.utils import enable_compilation_cache
+    from ml_collections import ConfigDict
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=16, mask_token_id=16, target_layer_ids=(1, 14, 27))
+    opt = make_optimizer(ConfigDict(dict(lr=1.5e-3, warmup_frac=0.04, steps=600, grad_clip=1.0, b1=0.9, b2=0.999,
+                                         weight_decay=0.0)))
+    rs = np.random.RandomState(0)
+    batch = {"tokens": rs.randint(0, ck.cfg.vocab_size, (1, 4, 384)).astype(np.int32),
+             "loss_mask": np.zeros((1, 4, 384), bool)}
+    batch["loss_mask"][..., 100:] = True
+
+    def timed(fn, *args):
+        out = fn(*args)  # compile + first run
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / steps
+
+    feats = jax.jit(lambda p, t: Target(ck.cfg).apply({"params": p}, t, np.arange(384)[None].repeat(4, 0), None,
+                                                       dcfg.target_layer_ids)[1])
+    row = {"target_features_s": timed(feats, ck.params, batch["tokens"][0])}
+    for k in (0, 8):
+        params = init_drafter_params(dcfg, 0)
+        step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0, anchor_chunk=16,
+                               loss_offsets=k))
+        row[f"step_s_loss_offsets_{k}"] = timed(lambda: step(params, opt.init(params), ck.params, batch,
+                                                              jax.random.PRNGKey(0))[2])
+    row["target_share"] = row["target_features_s"] / row["step_s_loss_offsets_0"]
+    row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", type=int, nargs="+", default=[64, 128, 256, 512])
@@ -73,7 +125,16 @@ def main():
     ap.add_argument("--anchor-chunk", type=int, default=32)
     ap.add_argument("--out", default="docs/bench_train.json")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--recipe", action="store_true", help="the CPU recipe's step split into its parts (see above)")
     args = ap.parse_args()
+    if args.recipe:
+        row = recipe_worker(args.steps)
+        print(json.dumps(row, indent=1))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"machine": f"{platform.processor() or platform.machine()}, "
+                                                         f"{os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+                                              **row}, indent=1))
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.seq_len, args.steps, args.anchor_chunk)))
         return
