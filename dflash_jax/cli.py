@@ -250,7 +250,7 @@ def cmd_generate(args) -> None:
             record = {
                 "prompt": text, "text": out, "token_ids": r.token_ids, "num_output_tokens": r.num_output_tokens,
                 "acceptance_lengths": r.acceptance_lengths, "tau": r.tau,
-                "decode_tokens_per_s": r.num_output_tokens / max(r.decode_s, 1e-9),
+                "decode_tokens_per_s": max(r.num_output_tokens - 1, 0) / max(r.decode_s, 1e-9),  # the first is from prefill
                 "prefill_s": r.prefill_s, "decode_s": r.decode_s, "compile_s": r.compile_s,
             }
             if args.json:
