@@ -360,6 +360,7 @@ def plot(rep: dict, out_prefix: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     written = []
     blocks = list(next(iter(rep["table"].values())).keys())
@@ -378,6 +379,7 @@ def plot(rep: dict, out_prefix: Path) -> list[Path]:
                     r = s["offset_acceptance"]
                     ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=d)
                     ax.set_xlabel("draft offset k")
+            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
             ax.set_title(f"block size {b}")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
