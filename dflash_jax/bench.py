@@ -65,8 +65,8 @@ def eval_data_dir() -> Path:
       BenchError: none of them exists.
     """
     env = os.environ.get("DFLASH_JAX_EVAL_DATA")
-    candidates = [Path(env)] if env else [Path.cwd().parent / "shared/data/eval",
-                                          Path(__file__).resolve().parents[2] / "shared/data/eval"]
+    candidates = [Path(env)] if env else list(dict.fromkeys([Path.cwd().resolve().parent / "shared/data/eval",
+                                                             Path(__file__).resolve().parents[2] / "shared/data/eval"]))
     for c in candidates:
         if c.is_dir():
             return c

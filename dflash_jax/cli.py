@@ -491,9 +491,10 @@ def cmd_demo(args) -> None:
     print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): "
           f"{tok.decode(plain.token_ids, skip_special_tokens=True)}\n")
     plain_tps = (plain.num_output_tokens - 1) / plain.decode_s
+    width = max(len(name) for name, _ in rows)
     for name, r in rows:
         tps = (r.num_output_tokens - 1) / r.decode_s
-        print(f"{name:52s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
+        print(f"{name:{width}s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
               f"({tps / plain_tps:4.2f}x)  prefill {r.prefill_s * 1e3:.0f} ms")
     same = all(r.token_ids == plain.token_ids for _, r in rows)
     print(f"speculative output identical to plain: {same}")
