@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_jax.data import GSM8K_SUFFIX, MBPP_EVAL_IDS, loops
+from dflash_jax.data import GSM8K_SUFFIX, MBPP_EVAL_IDS, DataError, loops, read_rows
 
 DATASETS = {
     "gsm8k": "gsm8k_test.jsonl",
@@ -75,25 +75,11 @@ def eval_data_dir() -> Path:
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """``(where, row)`` pairs of a JSONL file or a JSON list."""
+    """``(where, row)`` pairs of a JSONL file or a JSON list (``data.read_rows``, errors as ``BenchError``)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise BenchError(f"cannot read {path}: {e}") from None
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{path}: not valid JSON ({e})") from None
-        return [(f"{path}:item {i}", r) for i, r in enumerate(rows)]
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append((f"{path}:{n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise BenchError(f"{path}:{n}: not a JSON object ({e.msg})") from None
-    return out
+        return [(f"{path}:{n}", row) for n, row in read_rows(path)]
+    except DataError as e:
+        raise BenchError(str(e)) from None
 
 
 def _field(row, key: str, where: str) -> str:

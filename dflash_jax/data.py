@@ -268,7 +268,12 @@ class Prompt:
     where: str  # "file:line" (or "file:index" for a JSON list), for error messages
 
 
-def _rows(path: Path):
+def read_rows(path: Path) -> list[tuple[int, object]]:
+    """``(n, row)`` pairs of a JSONL file (n = line number) or a JSON list (n = 1-based index).
+
+    Raises:
+      DataError: unreadable file or invalid JSON, naming the file (and line).
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -305,7 +310,7 @@ def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) 
         name = path.name.lower()
         fmt = next((f for f in ("gsm8k", "alpaca", "mbpp") if f in name), "plain")
     out = []
-    for n, row in _rows(path):
+    for n, row in read_rows(path):
         where = f"{path}:{n}"
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object")
