@@ -420,6 +420,17 @@ def test_recipe_configs_load_with_the_public_settings(name):
     assert c.train.compute_dtype == "bfloat16" and c.data_shards == 0  # fields inherited from the base config
 
 
+def test_stage2_recipe_continues_stage1_with_the_same_drafter():
+    """configs/smollm2_135m_cpu_v2.py must start from stage 1's output with stage 1's drafter
+    fields (``init_from`` refuses anything else), on more data."""
+    one = load_config(ROOT / "configs" / "smollm2_135m_cpu.py")
+    two = load_config(ROOT / "configs" / "smollm2_135m_cpu_v2.py")
+    assert two.init_from == one.out_dir + "/best" and two.out_dir != one.out_dir
+    assert two.drafter.to_dict() == one.drafter.to_dict()
+    assert two.data == one.data and two.data_shards > one.data_shards
+    assert two.train.loss_offsets == 8 and two.train.max_len == one.train.max_len
+
+
 def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny, tmp_path):
     import jax
 
