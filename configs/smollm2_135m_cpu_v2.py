@@ -20,7 +20,7 @@ def get_config():
     c.init_from = "runs/smollm2_v1/best"
     c.data_shards = 8
     c.out_dir = "runs/smollm2_v2"
-    c.train.steps = 1200
+    c.train.steps = 900
     c.train.lr = 1e-3
     c.train.loss_offsets = 8
     return c
