@@ -15,7 +15,8 @@ one folder whose ``meta.json`` (format ``dflash-jax-tokens-sharded``) indexes th
 The arrays are memory-mapped, so a dataset larger than RAM is fine. Training rows come from a
 grain ``MapDataset`` (shuffled per epoch with a seed, repeated); it is random-access, so batch
 ``s`` is rows ``s*B .. s*B+B-1``, resuming at step ``s`` is exact, and each host of a multi-host
-job reads only the rows its devices hold.
+job reads only the rows its devices hold. ``bucketed_batches`` (``train.length_buckets``) groups
+the same stream into batches of similar length, each padded to its length bucket.
 """
 
 from __future__ import annotations
@@ -215,6 +216,10 @@ class TokenDataset:
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return self.shards[k][i - int(self._starts[k])]
 
+    def lengths(self) -> np.ndarray:
+        """int64 ``[len(self)]``: tokens per sequence, from the offsets (no token is read)."""
+        return np.concatenate([np.diff(np.asarray(s.offsets)) for s in self.shards])
+
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ``DataError`` if a token id is outside ``[0, vocab_size)`` (another tokenizer?)."""
         for s in self.shards:
@@ -254,6 +259,48 @@ def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_
     import grain
 
     return grain.MapDataset.source(PaddedSource(ds, indices, max_len, pad_id)).shuffle(seed=seed).repeat(None)
+
+
+def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int,
+                     buckets: Sequence[int], seed: int, window: int = 16, pad_id: int = 0):
+    """Random-access grain dataset of whole training batches, bucketed by length:
+    ``[s]`` -> ``{"tokens": int32 [batch_size, L], "loss_mask": bool [batch_size, L]}``.
+
+    The rows are the stream of ``rows`` (same seeded shuffle, same epochs), taken a window of
+    ``window`` batches at a time; inside a window the rows are ordered by bucket (stably), cut
+    into ``window`` batches, and those batches visited in a seeded random order. A batch is
+    padded to ``L``, the smallest of ``buckets`` that holds its longest row (cut to
+    ``max_len``), instead of ``max_len``: fewer padding tokens through the target, one compiled
+    step per bucket. Batch ``s`` depends only on ``s`` and the seed, so a restart at step ``s``
+    is exact (the step number is the iterator state the trainer checkpoints).
+
+    Raises:
+      ValueError: buckets that are not increasing positive integers, or one above ``max_len``.
+    """
+    import grain
+
+    b = [int(x) for x in buckets]
+    if not b or any(x <= 0 for x in b) or b != sorted(set(b)) or b[-1] > max_len:
+        raise ValueError(f"length buckets {list(buckets)} must be increasing positive integers <= max_len "
+                         f"({max_len})")
+    b = np.array(b if b[-1] == max_len else [*b, max_len])
+    indices = np.asarray(indices)
+    bucket_of = np.searchsorted(b, np.minimum(ds.lengths()[indices], max_len))  # per position in ``indices``
+    order = grain.MapDataset.range(len(indices)).shuffle(seed=seed).repeat(None)  # the permutation of ``rows``
+    src = PaddedSource(ds, indices, max_len, pad_id)
+    span = batch_size * window
+
+    def batch(s: int) -> dict:
+        w, i = divmod(int(s), window)
+        pos = np.array([order[w * span + j] for j in range(span)])
+        pos = pos[np.argsort(bucket_of[pos], kind="stable")]
+        k = np.random.default_rng([seed, w]).permutation(window)[i]
+        mine = pos[k * batch_size:(k + 1) * batch_size]
+        length = int(b[bucket_of[mine].max()])
+        rows = [src[int(p)] for p in mine]
+        return {key: np.stack([r[key][:length] for r in rows]) for key in ("tokens", "loss_mask")}
+
+    return grain.MapDataset.range(0, 2**62).map(batch)
 
 
 # ----------------------------------------------------------------------------- making data

@@ -104,6 +104,9 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
     return cfg
 
 
+NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets")  # left out of a run's identity at their defaults
+
+
 def validate_config(c) -> None:
     """Range and type checks of a training config (one clear error instead of a silent no-op or a
     traceback deep inside the run).
@@ -138,6 +141,10 @@ def validate_config(c) -> None:
     lo = t.get("loss_offsets", 0)
     need(is_int(lo) and 0 <= lo <= d.block_size - 1,
          f"train.loss_offsets must be an integer in [0, drafter.block_size - 1 = {d.block_size - 1}] (0 = all)")
+    lb = t.get("length_buckets", ())
+    need(isinstance(lb, (tuple, list)) and all(is_int(x) and 1 <= x <= t.max_len for x in lb)
+         and list(lb) == sorted(set(lb)),
+         f"train.length_buckets must be increasing integers in [1, train.max_len = {t.max_len}] (() = no bucketing)")
     for key in ("gamma", "lr"):
         need(isinstance(t[key], (int, float)) and t[key] > 0, f"train.{key} must be a positive number")
     for key in ("warmup_frac", "weight_decay", "b1", "b2"):
@@ -353,13 +360,18 @@ class Trainer:
             raise data.DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
         self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed)
         self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed)
+        self.batches = None
+        if t.get("length_buckets"):
+            self.batches = data.bucketed_batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len,
+                                                 buckets=tuple(t.length_buckets), seed=c.seed)
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
             "target": self.target.identity, "data": self.ds.identity,
             "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
         }
-        if not self.identity["train"].get("loss_offsets"):  # the default: runs made before the field existed match
-            self.identity["train"].pop("loss_offsets", None)
+        for key in NEWER_TRAIN_FIELDS:  # at their defaults: runs made before these fields existed match
+            if not self.identity["train"].get(key):
+                self.identity["train"].pop(key, None)
         if c.get("init_from"):
             self.identity["init_from"] = str(Path(c.init_from).resolve())
         self.run_id = fingerprint(self.identity)
@@ -461,17 +473,24 @@ class Trainer:
 
         Row ``j`` of step ``s`` is element ``s * batch_size + j`` of the shuffled, repeated grain
         dataset (so a restart at step ``s`` sees exactly the same data), and each process reads only
-        the rows its own devices hold (per-host data sharding).
+        the rows its own devices hold (per-host data sharding). With ``train.length_buckets`` the
+        step's batch comes from ``data.bucketed_batches`` (``T`` = its bucket), read whole by every
+        process (its length must agree everywhere), and the step is compiled once per bucket.
         """
         t = self.c.train
         accum, micro = t.grad_accum, t.batch_size // t.grad_accum
-        shape = (accum, micro, t.max_len)
         cache: dict[int, dict] = {}
+        if self.batches is not None:  # length buckets: the whole batch at once, padded to its bucket
+            whole = self.batches[step]
+            shape = (accum, micro, whole["tokens"].shape[1])
+        else:
+            shape = (accum, micro, t.max_len)
 
         def row(a: int, r: int) -> dict:
             j = step * t.batch_size + a * micro + r
             if j not in cache:
-                cache[j] = self.rows[j]
+                cache[j] = ({k: v[a * micro + r] for k, v in whole.items()} if self.batches is not None
+                            else self.rows[j])
             return cache[j]
 
         def fetch(key):

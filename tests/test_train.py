@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -215,6 +216,67 @@ def test_plot_metrics(trained, tmp_path):
                         "--out", str(png)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# --- length buckets ----------------------------------------------------------------------------
+
+def test_bucketed_batches_regroup_the_same_rows_and_pad_to_the_smallest_bucket(tiny):
+    _, folder = tiny
+    ds = data.TokenDataset(folder)
+    idx, _ = data.split_indices(len(ds), 32, seed=0)
+    rows = data.rows(ds, idx, max_len=80, seed=3)
+    lengths = np.minimum(ds.lengths()[idx], 80)
+    assert lengths.min() < 70 < 73 < lengths.max()  # the tiny data spans several buckets
+    # a single bucket and windows of one batch: exactly the unbucketed stream
+    one = data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=(80,), seed=3, window=1)
+    for s in (0, 5, 130):
+        want = [rows[s * 8 + j] for j in range(8)]
+        assert np.array_equal(one[s]["tokens"], np.stack([w["tokens"] for w in want]))
+        assert np.array_equal(one[s]["loss_mask"], np.stack([w["loss_mask"] for w in want]))
+    buckets, window = (70, 73), 4
+    b = data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=buckets, seed=3, window=window)
+    again = data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=buckets, seed=3, window=window)
+    order = grain.MapDataset.range(len(idx)).shuffle(seed=3).repeat(None)  # which sequence each row is
+    key = lambda r: (r["tokens"].tobytes(), r["loss_mask"].tobytes())  # noqa: E731
+    pad = lambda t, m: {"tokens": np.pad(t, (0, 80 - len(t))), "loss_mask": np.pad(m, (0, 80 - len(m)))}  # noqa: E731
+    seen_lengths = set()
+    for w in (0, 1, 40):  # windows inside the first epoch and past it
+        span = [rows[w * 32 + j] for j in range(32)]
+        length_of = {key(r): int(lengths[order[w * 32 + j]]) for j, r in enumerate(span)}
+        got = [b[w * window + i] for i in range(window)]
+        regrouped = []
+        for i, g in enumerate(got):
+            assert np.array_equal(g["tokens"], again[w * window + i]["tokens"])  # a pure function of the step
+            L = g["tokens"].shape[1]
+            seen_lengths.add(L)
+            batch_rows = [pad(g["tokens"][r], g["loss_mask"][r]) for r in range(8)]
+            longest = max(length_of[key(r)] for r in batch_rows)  # KeyError: a row not from this window
+            assert L == min(x for x in (*buckets, 80) if x >= longest)
+            regrouped += batch_rows
+        # the window's rows, re-grouped: every row once, with only padding cut away
+        assert sorted(map(key, regrouped)) == sorted(map(key, span))
+    assert len(seen_lengths) >= 2  # batches really are cut shorter than max_len
+    with pytest.raises(ValueError, match="increasing positive integers"):
+        data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=(73, 70), seed=3)
+    with pytest.raises(ValueError, match="<= max_len"):
+        data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=(96,), seed=3)
+
+
+def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_path):
+    ck, folder = tiny
+    c = tiny_config(ck, folder, tmp_path / "run", "train.steps=12", "train.length_buckets=(70, 73)",
+                    "eval.every=1000")
+    tr = Trainer(c, log=lambda *a: None)
+    shapes = {tr.global_batch(s)["tokens"].shape[-1] for s in range(12)}
+    assert shapes <= {70, 73, 80} and len(shapes) >= 2
+    tr.run()
+    losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())]
+    assert len(losses) == 12 and all(np.isfinite(losses)) and np.mean(losses[-4:]) < np.mean(losses[:4])
+    assert "length_buckets" in tr.identity["train"]
+    plain = Trainer(tiny_config(ck, folder, tmp_path / "plain", "train.steps=12"), log=lambda *a: None)
+    assert "length_buckets" not in plain.identity["train"]  # at the default, older runs keep their identity
+    with pytest.raises(ConfigError, match="length_buckets"):
+        Trainer(tiny_config(ck, folder, tmp_path / "bad", "train.length_buckets=(73, 70)"))
 
 
 # --- exact resume after SIGKILL ---------------------------------------------------------------
