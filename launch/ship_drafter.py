@@ -53,6 +53,9 @@ def main() -> None:
     ap.add_argument("--which", default="best", choices=["best", "drafter"], help="lowest validation loss, or final")
     ap.add_argument("--data-command", default="", help="the prepare-data command that made the run's data")
     ap.add_argument("--command", default="", help="the train command(s) that made the run")
+    ap.add_argument("--earlier-stage", action="append", default=[], metavar="RUN",
+                    help="a run this one continued from (init_from), oldest first; repeatable: its steps and hours "
+                         "go into the summary and the README")
     args = ap.parse_args()
 
     from dflash_jax.checkpoint import atomic_folder
@@ -63,6 +66,15 @@ def main() -> None:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     info = summary(rows)
     info["shipped"] = args.which
+    stages = []
+    for earlier in map(Path, args.earlier_stage):
+        e = summary([json.loads(line) for line in (earlier / "metrics.jsonl").read_text().splitlines() if line.strip()])
+        stages.append({"run": str(earlier), "steps": e["steps"], "train_hours": e["train_hours"],
+                       "best_val_loss": e.get("best_val_loss")})
+    if stages:
+        info["earlier_stages"] = stages
+        info["total_steps"] = info["steps"] + sum(x["steps"] for x in stages)
+        info["total_train_hours"] = round(info["train_hours"] + sum(x["train_hours"] for x in stages), 2)
     if args.which == "best" and "best_val_step" in info:
         shipped_at = f"step {info['best_val_step']}, validation loss {info['best_val_loss']}"
     else:
@@ -84,11 +96,15 @@ def main() -> None:
             f"`dflash.model.DFlashDraftModel` and in dflash-jax (`--drafter auto` picks it for this target).\n\n"
             f"{cfg.num_layers} drafter layers, block size {cfg.block_size}, target layers "
             f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained {info['steps']} steps "
-            f"({info['train_hours']} h on 2 CPU cores); shipped: `{args.which}` ({shipped_at}).\n\n"
+            f"({info['train_hours']} h on 2 CPU cores)"
+            + "".join(f", continuing {x['run']} ({x['steps']} steps, {x['train_hours']} h)" for x in reversed(stages))
+            + (f": {info['total_steps']} steps, {info['total_train_hours']} h in all" if stages else "")
+            + f"; shipped: `{args.which}` ({shipped_at}).\n\n"
             f"- `train_config.json`: the run's full config\n- `training_summary.json`: losses, per-offset "
-            f"accuracy, validation tau\n- `loss.png`: the curves\n\n"
+            f"accuracy, validation tau\n- `loss.png`: the curves (of the last stage)\n\n"
             f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"
-            f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}\n```\n"
+            f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
+            + "".join(f" --earlier-stage {x['run']}" for x in stages) + "\n```\n"
             f"\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n")
     print(f"wrote {out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")
 
