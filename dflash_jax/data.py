@@ -261,27 +261,33 @@ def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_
     return grain.MapDataset.source(PaddedSource(ds, indices, max_len, pad_id)).shuffle(seed=seed).repeat(None)
 
 
+BUCKET_WINDOW = 16  # batches regrouped together (part of a bucketed run's identity)
+
+
 def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int,
-                     buckets: Sequence[int], seed: int, window: int = 16, pad_id: int = 0):
+                     buckets: Sequence[int], seed: int, window: int = BUCKET_WINDOW, pad_id: int = 0):
     """Random-access grain dataset of whole training batches, bucketed by length:
     ``[s]`` -> ``{"tokens": int32 [batch_size, L], "loss_mask": bool [batch_size, L]}``.
 
     The rows are the stream of ``rows`` (same seeded shuffle, same epochs), taken a window of
     ``window`` batches at a time; inside a window the rows are ordered by bucket (stably), cut
     into ``window`` batches, and those batches visited in a seeded random order. A batch is
-    padded to ``L``, the smallest of ``buckets`` that holds its longest row (cut to
-    ``max_len``), instead of ``max_len``: fewer padding tokens through the target, one compiled
-    step per bucket. Batch ``s`` depends only on ``s`` and the seed, so a restart at step ``s``
-    is exact (the step number is the iterator state the trainer checkpoints).
+    padded to ``L``, the smallest of ``buckets`` (plus ``max_len``, always the last bucket) that
+    holds its longest row (cut to ``max_len``): fewer padding tokens through the target than
+    ``max_len`` everywhere, one compiled step per bucket. Batch ``s`` is a pure function of
+    ``s`` and the arguments, so a restart at step ``s`` is exact (the step number is the
+    iterator state the trainer checkpoints).
 
     Raises:
-      ValueError: buckets that are not increasing positive integers, or one above ``max_len``.
+      ValueError: ``buckets`` not a tuple/list of increasing positive integers, or one above ``max_len``.
     """
     import grain
 
-    b = [int(x) for x in buckets]
+    ok_type = isinstance(buckets, (tuple, list)) and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in buckets)
+    b = [int(x) for x in buckets] if ok_type else []
     if not b or any(x <= 0 for x in b) or b != sorted(set(b)) or b[-1] > max_len:
-        raise ValueError(f"length buckets {list(buckets)} must be increasing positive integers <= max_len "
+        raise ValueError(f"length buckets {buckets!r} must be a tuple/list of increasing positive integers <= max_len "
                          f"({max_len})")
     b = np.array(b if b[-1] == max_len else [*b, max_len])
     indices = np.asarray(indices)

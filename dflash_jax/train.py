@@ -372,6 +372,9 @@ class Trainer:
         for key in NEWER_TRAIN_FIELDS:  # at their defaults: runs made before these fields existed match
             if not self.identity["train"].get(key):
                 self.identity["train"].pop(key, None)
+        if t.get("length_buckets"):  # what shapes the batches, spelled one way
+            self.identity["train"]["length_buckets"] = sorted({*t.length_buckets, t.max_len})
+            self.identity["bucket_window"] = data.BUCKET_WINDOW
         if c.get("init_from"):
             self.identity["init_from"] = str(Path(c.init_from).resolve())
         self.run_id = fingerprint(self.identity)
@@ -471,11 +474,13 @@ class Trainer:
     def global_batch(self, step: int) -> dict:
         """The batch of ``step`` as global arrays ``[accum, micro, T]`` split over data x fsdp.
 
-        Row ``j`` of step ``s`` is element ``s * batch_size + j`` of the shuffled, repeated grain
-        dataset (so a restart at step ``s`` sees exactly the same data), and each process reads only
-        the rows its own devices hold (per-host data sharding). With ``train.length_buckets`` the
-        step's batch comes from ``data.bucketed_batches`` (``T`` = its bucket), read whole by every
-        process (its length must agree everywhere), and the step is compiled once per bucket.
+        Without ``train.length_buckets``: row ``j`` of step ``s`` is element ``s * batch_size + j`` of
+        the shuffled, repeated grain dataset (so a restart at step ``s`` sees exactly the same data),
+        and each process reads only the rows its own devices hold (per-host data sharding). With
+        them: the step's batch is ``data.bucketed_batches[s]`` (the same rows regrouped by length
+        within windows; ``T`` = its bucket), read whole by every process (its length must agree
+        everywhere), and the step is compiled once per bucket (``step_s`` then includes that
+        first compile).
         """
         t = self.c.train
         accum, micro = t.grad_accum, t.batch_size // t.grad_accum

@@ -54,8 +54,8 @@ def main() -> None:
     ap.add_argument("--data-command", default="", help="the prepare-data command that made the run's data")
     ap.add_argument("--command", default="", help="the train command(s) that made the run")
     ap.add_argument("--earlier-stage", action="append", default=[], metavar="RUN",
-                    help="a run this one continued from (init_from), oldest first; repeatable: its steps and hours "
-                         "go into the summary and the README")
+                    help="the run folder (out_dir, not its best/) that this run continued from through init_from, "
+                         "oldest first; repeatable: its steps and hours go into the summary and the README")
     args = ap.parse_args()
 
     from dflash_jax.checkpoint import atomic_folder
@@ -68,6 +68,9 @@ def main() -> None:
     info["shipped"] = args.which
     stages = []
     for earlier in map(Path, args.earlier_stage):
+        if not (earlier / "metrics.jsonl").exists():
+            sys.exit(f"--earlier-stage {earlier}: no metrics.jsonl there; give the earlier run's folder (its out_dir, "
+                     f"e.g. runs/smollm2_v1), not the drafter inside it")
         e = summary([json.loads(line) for line in (earlier / "metrics.jsonl").read_text().splitlines() if line.strip()])
         stages.append({"run": str(earlier), "steps": e["steps"], "train_hours": e["train_hours"],
                        "best_val_loss": e.get("best_val_loss")})

@@ -260,6 +260,9 @@ def test_bucketed_batches_regroup_the_same_rows_and_pad_to_the_smallest_bucket(t
         data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=(73, 70), seed=3)
     with pytest.raises(ValueError, match="<= max_len"):
         data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=(96,), seed=3)
+    for bad in ("123", 32, (32.7,), (True,)):  # only a tuple/list of integers, never coerced
+        with pytest.raises(ValueError, match="tuple/list of increasing positive integers"):
+            data.bucketed_batches(ds, idx, batch_size=8, max_len=80, buckets=bad, seed=3)
 
 
 def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_path):
@@ -272,7 +275,10 @@ def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_p
     tr.run()
     losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())]
     assert len(losses) == 12 and all(np.isfinite(losses)) and np.mean(losses[-4:]) < np.mean(losses[:4])
-    assert "length_buckets" in tr.identity["train"]
+    assert tr.identity["train"]["length_buckets"] == [70, 73, 80] and tr.identity["bucket_window"] == 16
+    same = Trainer(tiny_config(ck, folder, tmp_path / "same", "train.steps=12", "train.length_buckets=(70, 73, 80)",
+                               "eval.every=1000"), log=lambda *a: None)
+    assert same.run_id == tr.run_id  # max_len is always the last bucket: both spellings are one run
     plain = Trainer(tiny_config(ck, folder, tmp_path / "plain", "train.steps=12"), log=lambda *a: None)
     assert "length_buckets" not in plain.identity["train"]  # at the default, older runs keep their identity
     with pytest.raises(ConfigError, match="length_buckets"):
