@@ -218,6 +218,33 @@ def test_plot_metrics(trained, tmp_path):
     assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_path):
+    """launch/ship_drafter.py: released-format files that load back to the run's drafter, the run's
+    record, and an earlier stage counted in the summary and the README."""
+    from dflash_jax.drafter_io import load_drafter
+
+    _, _, out, trainer, _ = trained
+    ship = [sys.executable, str(ROOT / "launch" / "ship_drafter.py"), str(out), "--out", str(tmp_path / "a"),
+            "--command", "TRAIN-COMMAND"]
+    r = subprocess.run(ship + ["--earlier-stage", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a = tmp_path / "a"
+    assert {p.name for p in a.iterdir()} >= {"config.json", "model.safetensors", "train_config.json",
+                                              "training_summary.json", "loss.png", "README.md"}
+    info = json.loads((a / "training_summary.json").read_text())
+    assert info["steps"] == 500 and info["total_steps"] == 1000 and info["earlier_stages"][0]["steps"] == 500
+    readme = (a / "README.md").read_text()
+    assert "TRAIN-COMMAND" in readme and f"--earlier-stage {out}" in readme and "1000 steps" in readme
+    params, cfg, _ = load_drafter(a)
+    best, _, _ = load_drafter(out / "best")
+    assert cfg.to_released() == trainer.dcfg.to_released()
+    for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(best)):  # bfloat16 copies of the best drafter
+        np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=1e-2, atol=1e-2)
+    r = subprocess.run(ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
+
+
 # --- length buckets ----------------------------------------------------------------------------
 
 def test_bucketed_batches_regroup_the_same_rows_and_pad_to_the_smallest_bucket(tiny):
