@@ -264,6 +264,21 @@ def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_
 BUCKET_WINDOW = 16  # batches regrouped together (part of a bucketed run's identity)
 
 
+def bucket_lengths(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
+    """The padded lengths a bucketed batch may take: ``buckets`` with ``max_len`` always last.
+
+    Raises:
+      ValueError: ``buckets`` not a tuple/list of increasing positive integers, or one above ``max_len``.
+    """
+    ok_type = isinstance(buckets, (tuple, list)) and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in buckets)
+    b = [int(x) for x in buckets] if ok_type else []
+    if not b or any(x <= 0 for x in b) or b != sorted(set(b)) or b[-1] > max_len:
+        raise ValueError(f"length buckets {buckets!r} must be a tuple/list of increasing positive integers <= max_len "
+                         f"({max_len})")
+    return tuple(b if b[-1] == max_len else [*b, max_len])
+
+
 def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int,
                      buckets: Sequence[int], seed: int, window: int = BUCKET_WINDOW, pad_id: int = 0):
     """Random-access grain dataset of whole training batches, bucketed by length:
@@ -279,17 +294,11 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
     iterator state the trainer checkpoints).
 
     Raises:
-      ValueError: ``buckets`` not a tuple/list of increasing positive integers, or one above ``max_len``.
+      ValueError: as ``bucket_lengths``.
     """
     import grain
 
-    ok_type = isinstance(buckets, (tuple, list)) and all(
-        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in buckets)
-    b = [int(x) for x in buckets] if ok_type else []
-    if not b or any(x <= 0 for x in b) or b != sorted(set(b)) or b[-1] > max_len:
-        raise ValueError(f"length buckets {buckets!r} must be a tuple/list of increasing positive integers <= max_len "
-                         f"({max_len})")
-    b = np.array(b if b[-1] == max_len else [*b, max_len])
+    b = np.array(bucket_lengths(buckets, max_len))
     indices = np.asarray(indices)
     bucket_of = np.searchsorted(b, np.minimum(ds.lengths()[indices], max_len))  # per position in ``indices``
     order = grain.MapDataset.range(len(indices)).shuffle(seed=seed).repeat(None)  # the permutation of ``rows``

@@ -373,7 +373,7 @@ class Trainer:
             if not self.identity["train"].get(key):
                 self.identity["train"].pop(key, None)
         if t.get("length_buckets"):  # what shapes the batches, spelled one way
-            self.identity["train"]["length_buckets"] = sorted({*t.length_buckets, t.max_len})
+            self.identity["train"]["length_buckets"] = list(data.bucket_lengths(tuple(t.length_buckets), t.max_len))
             self.identity["bucket_window"] = data.BUCKET_WINDOW
         if c.get("init_from"):
             self.identity["init_from"] = str(Path(c.init_from).resolve())
@@ -484,19 +484,21 @@ class Trainer:
         """
         t = self.c.train
         accum, micro = t.grad_accum, t.batch_size // t.grad_accum
-        cache: dict[int, dict] = {}
         if self.batches is not None:  # length buckets: the whole batch at once, padded to its bucket
             whole = self.batches[step]
             shape = (accum, micro, whole["tokens"].shape[1])
+
+            def row(a: int, r: int) -> dict:
+                return {k: v[a * micro + r] for k, v in whole.items()}
         else:
             shape = (accum, micro, t.max_len)
+            cache: dict[int, dict] = {}
 
-        def row(a: int, r: int) -> dict:
-            j = step * t.batch_size + a * micro + r
-            if j not in cache:
-                cache[j] = ({k: v[a * micro + r] for k, v in whole.items()} if self.batches is not None
-                            else self.rows[j])
-            return cache[j]
+            def row(a: int, r: int) -> dict:
+                j = step * t.batch_size + a * micro + r
+                if j not in cache:
+                    cache[j] = self.rows[j]
+                return cache[j]
 
         def fetch(key):
             def cb(index):

@@ -24,6 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def read_metrics(run: Path) -> list[dict]:
+    """The rows of ``run/metrics.jsonl``."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def summary(rows: list[dict]) -> dict:
     """Headline figures of a run's metrics rows."""
     train = [r for r in rows if "loss" in r]
@@ -63,15 +68,14 @@ def main() -> None:
 
     run, out = Path(args.run), Path(args.out)
     params, cfg, identity = load_drafter(run / args.which)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    info = summary(rows)
+    info = summary(read_metrics(run))
     info["shipped"] = args.which
     stages = []
     for earlier in map(Path, args.earlier_stage):
         if not (earlier / "metrics.jsonl").exists():
             sys.exit(f"--earlier-stage {earlier}: no metrics.jsonl there; give the earlier run's folder (its out_dir, "
                      f"e.g. runs/smollm2_v1), not the drafter inside it")
-        e = summary([json.loads(line) for line in (earlier / "metrics.jsonl").read_text().splitlines() if line.strip()])
+        e = summary(read_metrics(earlier))
         stages.append({"run": str(earlier), "steps": e["steps"], "train_hours": e["train_hours"],
                        "best_val_loss": e.get("best_val_loss")})
     if stages:
