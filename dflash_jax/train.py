@@ -150,6 +150,7 @@ def validate_config(c) -> None:
     for key in ("warmup_frac", "weight_decay", "b1", "b2"):
         need(isinstance(t[key], (int, float)) and 0 <= t[key] <= 1, f"train.{key} must be in [0, 1]")
     need(isinstance(t.grad_clip, (int, float)) and t.grad_clip > 0, "train.grad_clip must be a positive number")
+    need(isinstance(t.get("remat", True), bool), "train.remat must be True or False")
     need(t.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype must be 'float32' or 'bfloat16'")
     need(is_int(e.every) and e.every >= 1, "eval.every must be an integer >= 1")
     for key in ("val_size", "decode_prompts"):
@@ -196,7 +197,7 @@ def make_optimizer(t) -> optax.GradientTransformation:
 
 
 def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
-               anchor_chunk, loss_offsets=0):
+               anchor_chunk, loss_offsets=0, remat=True):
     """One optimiser update over ``accum`` micro-batches.
 
     Args:
@@ -219,7 +220,7 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
 
         def objective(p):
             s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
-                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
+                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
             return s.loss / total_weight, s
 
         (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
@@ -235,7 +236,7 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
 
 
 def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk,
-                 loss_offsets=0):
+                 loss_offsets=0, remat=True):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
     Parameters of the drafter and the frozen target are laid out by the logical-axis table
@@ -260,7 +261,7 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
                                    transform_non_params=lambda _: rep)
     batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
-                   anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
+                   anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
     jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, {"tokens": batch_sh, "loss_mask": batch_sh}, rep),
                      out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
 
@@ -280,10 +281,12 @@ def summarise(s: loss_lib.BlockStats) -> dict:
             "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0)}
 
 
-def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0):
+def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0,
+               remat=True):
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
     return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
-                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets)
+                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets,
+                               remat=remat)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -372,6 +375,7 @@ class Trainer:
         for key in NEWER_TRAIN_FIELDS:  # at their defaults: runs made before these fields existed match
             if not self.identity["train"].get(key):
                 self.identity["train"].pop(key, None)
+        self.identity["train"].pop("remat", None)  # memory against speed: the same run either way
         if t.get("length_buckets"):  # what shapes the batches, spelled one way
             self.identity["train"]["length_buckets"] = list(data.bucket_lengths(tuple(t.length_buckets), t.max_len))
             self.identity["bucket_window"] = data.BUCKET_WINDOW
@@ -379,7 +383,7 @@ class Trainer:
             self.identity["init_from"] = str(Path(c.init_from).resolve())
         self.run_id = fingerprint(self.identity)
         kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
-                  anchor_chunk=t.anchor_chunk, loss_offsets=t.get("loss_offsets", 0))
+                  anchor_chunk=t.anchor_chunk, loss_offsets=t.get("loss_offsets", 0), remat=t.get("remat", True))
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.get("init_from"):
             params = self._initial_weights(c.init_from, params)

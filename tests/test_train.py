@@ -524,6 +524,10 @@ def test_stage2_recipe_continues_stage1_with_the_same_drafter():
     assert two.drafter.to_dict() == one.drafter.to_dict()
     assert two.data == one.data and two.data_shards > one.data_shards
     assert two.train.loss_offsets == 8 and two.train.max_len == one.train.max_len
+    three = load_config(ROOT / "configs" / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
+    assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
+    assert three.drafter.to_dict() == two.drafter.to_dict() and three.data_shards >= two.data_shards
+    assert three.train.remat is False and one.train.remat is True
 
 
 def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny, tmp_path):
@@ -567,3 +571,35 @@ def test_loss_offsets_supervise_only_the_first_offsets(tiny):
     np.testing.assert_array_equal(part.count[:4], full.count[:4])
     np.testing.assert_array_equal(part.correct[:4], full.correct[:4])
     assert float(part.weight) < float(full.weight)
+
+
+def test_remat_off_gives_the_same_loss_and_gradients(tiny):
+    """train.remat only trades memory for time: without jax.checkpoint the loss, the metrics
+    and the gradients are those of the recomputing version (float32 rounding apart)."""
+    ck, _ = tiny
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    dparams = init_drafter_params(dcfg, seed=5)
+    rs = np.random.RandomState(2)
+    tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
+    mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
+    anchors = loss.sample_anchors(jax.random.PRNGKey(4), mask, 8)
+
+    def run(remat):
+        def f(p):
+            s = loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0,
+                                anchor_chunk=4, loss_offsets=5, remat=remat)
+            return s.loss, s
+        return jax.value_and_grad(f, has_aux=True)(dparams)
+
+    def traced(remat):  # the option must reach the lowered program: one checkpoint region or none
+        return str(jax.make_jaxpr(lambda p: loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg,
+                                                            gamma=4.0, anchor_chunk=4, remat=remat))(dparams))
+    assert "remat" in traced(True) and "remat" not in traced(False)  # jax.checkpoint lowers to remat
+    (l1, s1), g1 = run(True)
+    (l0, s0), g0 = run(False)
+    np.testing.assert_allclose(l0, l1, rtol=1e-6)
+    np.testing.assert_array_equal(s0.correct, s1.correct)
+    leaves = jax.tree.leaves(g1)
+    assert sum(float(jnp.abs(g).sum()) for g in leaves) > 0
+    for a, b in zip(jax.tree.leaves(g0), leaves):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))  # summation order
