@@ -11,7 +11,8 @@ the process's peak resident memory (which includes the target's weights and the 
 ``--recipe``: the CPU recipe's step (``configs/smollm2_135m_cpu.py``: 2 layers reading target
 layers 1, 14, 27; 4 sequences x 384 tokens x 64 anchors, 16 at a time) split into its parts:
 the whole step, the target's feature forward alone (what stored features would save), and
-the step with ``loss_offsets=8``.
+the step with ``loss_offsets=8``, and that step at 8 anchors at a time and without activation
+recomputation (``train.remat=False``, as in ``configs/smollm2_135m_cpu_v3.py``).
 
     .venv/bin/python launch/bench_train.py --recipe --out docs/bench_train_recipe.json
 """
@@ -112,6 +113,12 @@ def recipe_worker(steps: int) -> dict:
                                loss_offsets=k))
         row[f"step_s_loss_offsets_{k}"] = timed(lambda: step(params, opt.init(params), ck.params, batch,
                                                               jax.random.PRNGKey(0))[2])
+    for chunk, remat in ((8, True), (16, False), (8, False)):  # train.anchor_chunk x train.remat, loss_offsets=8
+        params = init_drafter_params(dcfg, 0)
+        step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0,
+                               anchor_chunk=chunk, loss_offsets=8, remat=remat))
+        row[f"step_s_loss_offsets_8_chunk_{chunk}_remat_{remat}"] = timed(
+            lambda: step(params, opt.init(params), ck.params, batch, jax.random.PRNGKey(0))[2])
     row["target_share"] = row["target_features_s"] / row["step_s_loss_offsets_0"]
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
