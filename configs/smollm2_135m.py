@@ -34,6 +34,7 @@ def get_config() -> ConfigDict:
     c.train.num_anchors = 64  # blocks per sequence
     c.train.anchor_chunk = 16  # blocks processed together (activation memory)
     c.train.remat = True  # recompute each chunk in the backward pass (memory); False: faster, more memory
+    c.train.stored_features = False  # read the target's features from `dflash-jax prepare-features` (no target forward)
     c.train.gamma = 7.0  # loss decay w_k = exp(-(k-1)/gamma); 7 for block size 16
     c.train.loss_offsets = 0  # supervise block offsets 1..N only (0 = all B-1, the recipe); the LM head runs on N
     c.train.length_buckets = ()  # e.g. (256, 320): pad each batch to the smallest that holds it (() = max_len)

@@ -1,4 +1,4 @@
-"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, bench, demo, prepare-data, train, export-drafter, import-drafter).
+"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, bench, demo, prepare-data, prepare-features, train, export-drafter, import-drafter).
 
 Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
 """
@@ -102,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch-size", type=int, default=16, help="prompts the target answers together")
     m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
     m.add_argument("--seed", type=int, default=0, help="prompt order")
+
+    f = sub.add_parser("prepare-features", help="store the target's tapped features of a training dataset",
+                       description="Run the frozen target once over the dataset of a training config and store "
+                                   "the features its drafter reads (float32, beside the tokens), so that training "
+                                   "with train.stored_features=True skips the target's forward pass. Resumable: "
+                                   "run the same command again after a kill.")
+    f.add_argument("--config", required=True, metavar="FILE", help="the training config (its target, data, "
+                   "data_shards, drafter.target_layer_ids and train.compute_dtype are used)")
+    f.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train")
+    f.add_argument("--batch-size", type=int, default=4, help="sequences the target reads together")
 
     t = sub.add_parser("train", help="train a DFlash drafter from a config file",
                        description="Train a DFlash drafter for a target (configs/*.py). A run resumes from the "
@@ -391,6 +401,27 @@ def cmd_prepare_data(args) -> None:
         f"{args.max_new_tokens}-token cap, {st['looping']} loop (a repeated 8-gram); {time.perf_counter() - t0:.0f} s")
 
 
+def cmd_prepare_features(args) -> None:
+    from dflash_jax import checkpoint, data
+    from dflash_jax.train import drafter_config, load_config, validate_config
+    from dflash_jax.utils import enable_compilation_cache, log
+
+    if args.batch_size < 1:
+        sys.exit("error: --batch-size must be >= 1")
+    c = load_config(args.config, args.overrides)
+    validate_config(c)
+    enable_compilation_cache()
+    ck = checkpoint.load_target(c.target, dtype=c.train.compute_dtype)
+    dcfg = drafter_config(c, ck.cfg, ck.tokenizer())
+    ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
+    t0 = time.perf_counter()
+    folder = data.write_features(ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype,
+                                 batch_size=args.batch_size)
+    size = sum(p.stat().st_size for p in folder.glob("*.npy"))
+    log(f"{folder}: features of target layers {list(dcfg.target_layer_ids)} for {len(ds)} sequences, "
+        f"{size / 2**30:.2f} GiB; {time.perf_counter() - t0:.0f} s. Train with train.stored_features=True")
+
+
 def cmd_train(args) -> None:
     from dflash_jax.train import Trainer, load_config
     from dflash_jax.utils import log
@@ -512,7 +543,8 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
         {"convert": cmd_convert, "generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
-         "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "train": cmd_train}[args.command](args)
+         "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "prepare-features": cmd_prepare_features,
+         "train": cmd_train}[args.command](args)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 

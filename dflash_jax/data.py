@@ -17,6 +17,10 @@ grain ``MapDataset`` (shuffled per epoch with a seed, repeated); it is random-ac
 ``s`` is rows ``s*B .. s*B+B-1``, resuming at step ``s`` is exact, and each host of a multi-host
 job reads only the rows its devices hold. ``bucketed_batches`` (``train.length_buckets``) groups
 the same stream into batches of similar length, each padded to its length bucket.
+
+``write_features`` (``dflash-jax prepare-features``) stores the frozen target's tapped features
+beside the tokens (``features_<key>/``, float32, memory-mapped by ``FeatureStore``) so that
+training can skip the target's forward pass (``train.stored_features``).
 """
 
 from __future__ import annotations
@@ -210,11 +214,16 @@ class TokenDataset:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def __getitem__(self, i: int):
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard k, row j in it)`` of sequence ``i``."""
         if not 0 <= i < len(self):
             raise IndexError(i)
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self.shards[k][i - int(self._starts[k])]
+        return k, i - int(self._starts[k])
+
+    def __getitem__(self, i: int):
+        k, j = self.locate(i)
+        return self.shards[k][j]
 
     def lengths(self) -> np.ndarray:
         """int64 ``[len(self)]``: tokens per sequence, from the offsets (no token is read)."""
@@ -227,10 +236,14 @@ class TokenDataset:
 
 
 class PaddedSource:
-    """grain source: sequence ``indices[i]`` of a ``TokenDataset``, cut/padded to ``max_len``."""
+    """grain source: sequence ``indices[i]`` of a ``TokenDataset``, cut/padded to ``max_len``:
+    ``{"tokens": int32 [max_len], "loss_mask": bool [max_len]}``, plus ``"features"`` float32
+    ``[max_len, F]`` (zeros past the sequence) when a ``FeatureStore`` is given."""
 
-    def __init__(self, ds: TokenDataset, indices: np.ndarray, max_len: int, pad_id: int = 0):
+    def __init__(self, ds: TokenDataset, indices: np.ndarray, max_len: int, pad_id: int = 0,
+                 features: FeatureStore | None = None):
         self.ds, self.indices, self.max_len, self.pad_id = ds, np.asarray(indices), max_len, pad_id
+        self.features = features
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -241,7 +254,12 @@ class PaddedSource:
         out_t = np.full(self.max_len, self.pad_id, np.int32)
         out_m = np.zeros(self.max_len, bool)
         out_t[: len(tok)], out_m[: len(mask)] = tok, mask
-        return {"tokens": out_t, "loss_mask": out_m}
+        out = {"tokens": out_t, "loss_mask": out_m}
+        if self.features is not None:
+            f = self.features[int(self.indices[i])][: self.max_len]
+            out["features"] = np.zeros((self.max_len, f.shape[1]), np.float32)
+            out["features"][: len(f)] = f
+        return out
 
 
 def split_indices(n: int, val_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -252,13 +270,16 @@ def split_indices(n: int, val_size: int, seed: int = 0) -> tuple[np.ndarray, np.
     return np.sort(perm[val_size:]), np.sort(perm[:val_size])
 
 
-def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0):
+def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0,
+         features: FeatureStore | None = None):
     """Random-access grain dataset of training rows, reshuffled every epoch and repeated forever:
-    ``[j]`` -> ``{"tokens", "loss_mask"}`` ``[max_len]``. Batch ``s`` of size ``B`` is rows
-    ``s*B .. s*B+B-1``, so a restart at step ``s`` is exact and each process reads just its rows."""
+    ``[j]`` -> ``{"tokens", "loss_mask"}`` ``[max_len]`` (and ``"features"`` with a ``FeatureStore``,
+    see ``PaddedSource``). Batch ``s`` of size ``B`` is rows ``s*B .. s*B+B-1``, so a restart at
+    step ``s`` is exact and each process reads just its rows."""
     import grain
 
-    return grain.MapDataset.source(PaddedSource(ds, indices, max_len, pad_id)).shuffle(seed=seed).repeat(None)
+    src = PaddedSource(ds, indices, max_len, pad_id, features)
+    return grain.MapDataset.source(src).shuffle(seed=seed).repeat(None)
 
 
 BUCKET_WINDOW = 16  # batches regrouped together (part of a bucketed run's identity)
@@ -280,7 +301,8 @@ def bucket_lengths(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
 
 
 def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int,
-                     buckets: Sequence[int], seed: int, window: int = BUCKET_WINDOW, pad_id: int = 0):
+                     buckets: Sequence[int], seed: int, window: int = BUCKET_WINDOW, pad_id: int = 0,
+                     features: FeatureStore | None = None):
     """Random-access grain dataset of whole training batches, bucketed by length:
     ``[s]`` -> ``{"tokens": int32 [batch_size, L], "loss_mask": bool [batch_size, L]}``.
 
@@ -289,7 +311,8 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
     into ``window`` batches, and those batches visited in a seeded random order. A batch is
     padded to ``L``, the smallest of ``buckets`` (plus ``max_len``, always the last bucket) that
     holds its longest row (cut to ``max_len``): fewer padding tokens through the target than
-    ``max_len`` everywhere, one compiled step per bucket. Batch ``s`` is a pure function of
+    ``max_len`` everywhere, one compiled step per bucket (with a ``FeatureStore``, each batch also
+    holds ``"features"`` float32 ``[batch_size, L, F]``). Batch ``s`` is a pure function of
     ``s`` and the arguments, so a restart at step ``s`` is exact (the step number is the
     iterator state the trainer checkpoints).
 
@@ -302,7 +325,7 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
     indices = np.asarray(indices)
     bucket_of = np.searchsorted(b, np.minimum(ds.lengths()[indices], max_len))  # per position in ``indices``
     order = grain.MapDataset.range(len(indices)).shuffle(seed=seed).repeat(None)  # the permutation of ``rows``
-    src = PaddedSource(ds, indices, max_len, pad_id)
+    src = PaddedSource(ds, indices, max_len, pad_id, features)
     span = batch_size * window
 
     def batch(s: int) -> dict:
@@ -313,9 +336,140 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
         mine = pos[k * batch_size:(k + 1) * batch_size]
         length = int(b[bucket_of[mine].max()])
         rows = [src[int(p)] for p in mine]
-        return {key: np.stack([r[key][:length] for r in rows]) for key in ("tokens", "loss_mask")}
+        return {key: np.stack([r[key][:length] for r in rows]) for key in rows[0]}
 
     return grain.MapDataset.range(0, 2**62).map(batch)
+
+
+# ----------------------------------------------------------------------------- stored target features
+
+FEATURES_FORMAT = "dflash-jax-features"
+
+
+def features_folder(data_folder: str | Path, target_identity: dict, layer_ids: Sequence[int], dtype: str) -> Path:
+    """Where the stored target features of a dataset live: ``<data>/features_<key>``, the key a
+    hash of the target's identity, the tapped layers and the compute dtype (features of another
+    target, tap set or dtype never mix)."""
+    spec = {"target": target_identity, "layers": [int(x) for x in layer_ids], "dtype": dtype}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(data_folder) / f"features_{key}"
+
+
+class FeatureStore:
+    """The target's tapped features of every token of a ``TokenDataset``, memory-mapped:
+    ``[i]`` -> float32 ``[n_i, F]`` for sequence ``i`` (``F`` = taps x hidden size), the same rows
+    the training step would compute (``Target(...)(tokens)[1]``, causal, so a cut sequence's
+    features are the first rows). Files: ``meta.json`` and one ``<shard name>.npy`` float32
+    ``[shard tokens, F]`` per token shard, written by ``write_features``.
+
+    Raises (on open):
+      DataError: no ``meta.json`` (features never made: the message gives the command), features
+        of another dataset, a missing shard file (``prepare-features`` unfinished) or one whose
+        shape or dtype does not match its token shard (delete it and rerun).
+    """
+
+    def __init__(self, folder: str | Path, ds: TokenDataset, feature_size: int):
+        self.folder = Path(folder)
+        fix = "make them with `dflash-jax prepare-features --config <your training config>`"
+        try:
+            meta = json.loads((self.folder / "meta.json").read_text())
+        except FileNotFoundError:
+            raise DataError(f"no stored target features in {self.folder}; {fix}") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{self.folder}/meta.json is not readable ({e}); delete {self.folder} and {fix}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FEATURES_FORMAT or meta.get("feature_size") != feature_size:
+            raise DataError(f"{self.folder} does not hold {feature_size}-wide {FEATURES_FORMAT!r} features; delete it "
+                            f"and {fix}")
+        self.arrays = []
+        for shard in ds.shards:
+            path = self.folder / f"{shard.folder.name}.npy"
+            if not path.exists():
+                raise DataError(f"{path} is missing: prepare-features has not finished; {fix} (it resumes)")
+            try:
+                a = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise DataError(f"cannot read {path} ({e}); delete it and rerun prepare-features") from None
+            if a.dtype != np.float32 or a.shape != (len(shard.tokens), feature_size):
+                raise DataError(f"{path} is {a.dtype} {a.shape}, but its token shard has {len(shard.tokens)} tokens "
+                                f"and features are float32 x {feature_size}; delete it and rerun prepare-features")
+            self.arrays.append(a)
+        self.ds = ds
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        k, j = self.ds.locate(i)
+        off = self.ds.shards[k].offsets
+        return np.asarray(self.arrays[k][int(off[j]): int(off[j + 1])])
+
+
+def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str, batch_size: int = 4,
+                   progress: bool = True) -> Path:
+    """Run the frozen target once over every sequence of ``ds`` and store its tapped features
+    (``FeatureStore`` layout, under ``features_folder``), so that training skips the target's
+    forward pass (``train.stored_features``). Resumable: a shard file is written atomically
+    (a temporary name, then a rename) and a restart skips the shard files already there.
+
+    Sequences are taken ``batch_size`` at a time in length order, each batch padded to a multiple of
+    128 tokens (one compile per padded length); padding sits after the tokens, so, the target being
+    causal, it does not change their features.
+
+    Args:
+      ck: the target (``checkpoint.load_target(..., dtype=dtype)``): the features are computed in
+        its dtype and stored as float32 (exact for bfloat16).
+      layer_ids: the drafter's ``target_layer_ids``; dtype: ``"float32"`` or ``"bfloat16"``.
+    Returns:
+      the features folder.
+    Raises:
+      DataError: the folder holds features made with other settings.
+    """
+    import jax
+    from tqdm import tqdm
+
+    from dflash_jax.target import Target
+
+    folder = features_folder(ds.folder, ck.identity, layer_ids, dtype)
+    width = len(layer_ids) * ck.cfg.hidden_size
+    meta = {"format": FEATURES_FORMAT, "format_version": 1, "feature_size": width, "layers": [int(x) for x in layer_ids],
+            "dtype": dtype, "target": ck.identity}
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "meta.json").exists():
+        if json.loads((folder / "meta.json").read_text()) != meta:
+            raise DataError(f"{folder} holds features made with other settings; delete it and rerun")
+    else:
+        tmp = folder / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2))
+        os.replace(tmp, folder / "meta.json")
+    for stale in folder.glob("*.npy.partial"):
+        stale.unlink()
+
+    @jax.jit
+    def taps(params, tokens):
+        positions = jax.numpy.broadcast_to(jax.numpy.arange(tokens.shape[1]), tokens.shape)
+        return Target(ck.cfg).apply({"params": params}, tokens, positions, None, tuple(layer_ids))[1]
+
+    todo = [sh for sh in ds.shards if not (folder / f"{sh.folder.name}.npy").exists()]
+    bar = tqdm(total=sum(len(sh) for sh in todo), desc="prepare-features", unit="seq", disable=not progress)
+    for sh in todo:
+        path = folder / f"{sh.folder.name}.npy"
+        partial = folder / f"{sh.folder.name}.npy.partial"
+        out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(len(sh.tokens), width))
+        off = np.asarray(sh.offsets)
+        lens = np.diff(off)
+        order = np.argsort(lens, kind="stable")
+        for i in range(0, len(order), batch_size):
+            idx = order[i: i + batch_size]
+            length = -(-int(lens[idx].max()) // 128) * 128
+            tokens = np.zeros((batch_size, length), np.int32)  # a short last batch is padded with empty rows
+            for r, j in enumerate(idx):
+                tokens[r, : lens[j]] = sh.tokens[off[j]: off[j + 1]]
+            f = np.asarray(taps(ck.params, tokens), np.float32)
+            for r, j in enumerate(idx):
+                out[off[j]: off[j + 1]] = f[r, : lens[j]]
+            bar.update(len(idx))
+        out.flush()
+        del out
+        os.replace(partial, path)
+    bar.close()
+    return folder
 
 
 # ----------------------------------------------------------------------------- making data

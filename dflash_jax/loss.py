@@ -131,7 +131,7 @@ def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: 
 
 def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, anchors: Anchors, *,
                tcfg: TargetConfig, cfg: DrafterConfig, gamma: float, anchor_chunk: int = 16,
-               loss_offsets: int = 0, remat: bool = True) -> BlockStats:
+               loss_offsets: int = 0, remat: bool = True, feats: Array | None = None) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
     Args:
@@ -147,13 +147,16 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
         (``jax.checkpoint``): activation memory stays at one chunk's. ``False`` keeps them all
         (about ``A x k x V x 4`` bytes of logits per sequence) and skips the recomputation: the same
         loss and gradients, faster when memory allows (16% per step for the SmolLM2 CPU recipe).
+      feats: the target's tapped features ``[b, T, n_taps * d]`` of ``tokens`` if already known
+        (stored by ``data.write_features``); ``None``: computed here by the frozen target.
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
     b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    _, feats, _ = Target(tcfg).apply({"params": target_params}, tokens, positions, None, cfg.target_layer_ids)
-    feats = jax.lax.stop_gradient(feats)
+    if feats is None:
+        positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+        _, feats, _ = Target(tcfg).apply({"params": target_params}, tokens, positions, None, cfg.target_layer_ids)
+    feats = jax.lax.stop_gradient(feats.astype(tcfg.compute_dtype))  # stored features are float32
     ctx_kv = context_kv(drafter_params, feats, cfg)
     labels, use = block_labels(tokens, loss_mask, anchors, cfg.block_size)
     w = offset_weights(cfg.block_size, gamma, loss_offsets)

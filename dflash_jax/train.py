@@ -151,6 +151,7 @@ def validate_config(c) -> None:
         need(isinstance(t[key], (int, float)) and 0 <= t[key] <= 1, f"train.{key} must be in [0, 1]")
     need(isinstance(t.grad_clip, (int, float)) and t.grad_clip > 0, "train.grad_clip must be a positive number")
     need(isinstance(t.get("remat", True), bool), "train.remat must be True or False")
+    need(isinstance(t.get("stored_features", False), bool), "train.stored_features must be True or False")
     need(t.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype must be 'float32' or 'bfloat16'")
     need(is_int(e.every) and e.every >= 1, "eval.every must be an integer >= 1")
     for key in ("val_size", "decode_prompts"):
@@ -201,7 +202,9 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     """One optimiser update over ``accum`` micro-batches.
 
     Args:
-      batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``.
+      batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``, and
+        ``"features"`` float32 ``[accum, b, T, F]`` with stored target features
+        (``train.stored_features``; else the target computes them).
       rng: the step's key (``fold_in(run_key, step)``).
     Returns:
       ``(params, opt_state, metrics)``; metrics are float32 scalars / ``[B]`` arrays.
@@ -216,11 +219,11 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
 
     def micro(carry, xs):
         grads, stats = carry
-        tokens, mask, anc = xs
+        tokens, mask, anc, feats = xs
 
         def objective(p):
             s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
-                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
+                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat, feats=feats)
             return s.loss / total_weight, s
 
         (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
@@ -229,19 +232,21 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     zeros = jax.tree.map(jnp.zeros_like, params)
     stats0 = loss_lib.BlockStats(*(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,),
                                                                          (dcfg.block_size,), (), ())))
-    (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), (batch["tokens"], batch["loss_mask"], anchors))
+    xs = (batch["tokens"], batch["loss_mask"], anchors, batch.get("features"))
+    (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), xs)
     updates, opt_state = opt.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
 
 
 def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk,
-                 loss_offsets=0, remat=True):
+                 loss_offsets=0, remat=True, stored_features=False):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
     Parameters of the drafter and the frozen target are laid out by the logical-axis table
     (``dflash_jax.sharding``); the batch ``[accum, b, T]`` is split over ``data`` x ``fsdp`` along
-    ``b``; the optimiser state follows the parameters; metrics are replicated.
+    ``b``; the optimiser state follows the parameters; metrics are replicated. With
+    ``stored_features`` the batch also carries ``"features"`` ``[accum, b, T, F]``, split the same way.
 
     Returns:
       ``(step_fn, param_shardings, batch_sharding)``; ``step_fn(params, opt_state, target_params,
@@ -262,7 +267,10 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
     batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
-    jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, {"tokens": batch_sh, "loss_mask": batch_sh}, rep),
+    batch_in = {"tokens": batch_sh, "loss_mask": batch_sh}
+    if stored_features:
+        batch_in["features"] = NamedSharding(mesh, P(*batch_sh.spec, None))
+    jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, batch_in, rep),
                      out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
 
     def run(*args):
@@ -286,7 +294,7 @@ def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, ga
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
     return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
                                cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets,
-                               remat=remat)
+                               remat=remat, feats=batch.get("features"))
 
 
 # ----------------------------------------------------------------------------- the run
@@ -361,12 +369,18 @@ class Trainer:
         want = self.ds.meta.get("tokenizer_sha256")
         if want and want != self.target.identity["tokenizer_sha256"]:
             raise data.DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
+        self.features = None  # stored target features (train.stored_features): the step skips the target forward
+        self.features_width = len(self.dcfg.target_layer_ids) * self.tcfg.hidden_size
+        if t.get("stored_features"):
+            self.features = data.FeatureStore(
+                data.features_folder(c.data, self.target.identity, self.dcfg.target_layer_ids, t.compute_dtype),
+                self.ds, self.features_width)
         self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed)
-        self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed)
+        self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None
         if t.get("length_buckets"):
             self.batches = data.bucketed_batches(self.ds, self.train_idx, batch_size=t.batch_size, max_len=t.max_len,
-                                                 buckets=tuple(t.length_buckets), seed=c.seed)
+                                                 buckets=tuple(t.length_buckets), seed=c.seed, features=self.features)
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
         self.identity = {
             "target": self.target.identity, "data": self.ds.identity,
@@ -375,7 +389,8 @@ class Trainer:
         for key in NEWER_TRAIN_FIELDS:  # at their defaults: runs made before these fields existed match
             if not self.identity["train"].get(key):
                 self.identity["train"].pop(key, None)
-        self.identity["train"].pop("remat", None)  # memory against speed: the same run either way
+        for key in ("remat", "stored_features"):  # speed against memory or disk: the same run either way
+            self.identity["train"].pop(key, None)
         if t.get("length_buckets"):  # what shapes the batches, spelled one way
             self.identity["train"]["length_buckets"] = list(data.bucket_lengths(tuple(t.length_buckets), t.max_len))
             self.identity["bucket_window"] = data.BUCKET_WINDOW
@@ -388,7 +403,9 @@ class Trainer:
         if c.get("init_from"):
             params = self._initial_weights(c.init_from, params)
         self._step, param_sh, self.batch_sh, opt_sh = sharded_step(self.mesh, params, self.target.params,
-                                                                    opt=self.opt, **kw)
+                                                                    opt=self.opt, **kw,
+                                                                    stored_features=self.features is not None)
+        self.features_sh = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*self.batch_sh.spec, None))
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
         self.params = jax.device_put(params, param_sh)
@@ -507,20 +524,25 @@ class Trainer:
         def fetch(key):
             def cb(index):
                 a_idx, r_idx = range(accum)[index[0]], range(micro)[index[1]]
-                return np.stack([np.stack([row(a, r)[key][index[2]] for r in r_idx]) for a in a_idx])
+                return np.stack([np.stack([row(a, r)[key][index[2:]] for r in r_idx]) for a in a_idx])
+            if key == "features":  # [accum, micro, T, F], split like the tokens
+                return jax.make_array_from_callback((*shape, self.features_width), self.features_sh, cb)
             return jax.make_array_from_callback(shape, self.batch_sh, cb)
 
-        return {"tokens": fetch("tokens"), "loss_mask": fetch("loss_mask")}
+        keys = ("tokens", "loss_mask") + (("features",) if self.features is not None else ())
+        return {key: fetch(key) for key in keys}
 
     # -- validation
     def validate(self) -> dict:
         c = self.c
         from dflash_jax.data import PaddedSource
 
-        src = PaddedSource(self.ds, self.val_idx, c.train.max_len)
+        src = PaddedSource(self.ds, self.val_idx, c.train.max_len, features=self.features)
         total = None
         b = c.train.batch_size // c.train.grad_accum
         empty = {"tokens": np.zeros(c.train.max_len, np.int32), "loss_mask": np.zeros(c.train.max_len, bool)}
+        if self.features is not None:
+            empty["features"] = np.zeros((c.train.max_len, self.features_width), np.float32)
         for i in range(0, len(src), b):  # the last batch is padded with rows that carry no loss
             rows = [src[j] if j < len(src) else empty for j in range(i, i + b)]
             batch = {k: self._global(np.stack([r[k] for r in rows])) for k in rows[0]}
@@ -535,7 +557,7 @@ class Trainer:
         """A host array (the same on every process) as a global array split over data x fsdp."""
         from jax.sharding import NamedSharding, PartitionSpec as P
 
-        sh = NamedSharding(self.mesh, P(*self.batch_sh.spec[1:]))
+        sh = NamedSharding(self.mesh, P(*self.batch_sh.spec[1:], *[None] * (x.ndim - 2)))  # features: [b, T, F]
         return jax.make_array_from_callback(x.shape, sh, lambda idx: x[idx])
 
     def decode_tau(self, n: int, max_new: int) -> float:

@@ -45,11 +45,15 @@ def tiny(tmp_path_factory):
     return ck, folder
 
 
+def tiny_overrides(ck, folder, out, *extra):
+    return [f"target={ck.path}", f"data={folder}", f"out_dir={out}", "drafter.num_layers=2",
+            "drafter.target_layer_ids=(1, 2)", "drafter.block_size=8", "train.gamma=4.0", "train.max_len=80",
+            "train.num_anchors=16", "train.anchor_chunk=8", "train.batch_size=16", "train.lr=3e-3", "eval.val_size=32",
+            "eval.decode_prompts=0", *extra]
+
+
 def tiny_config(ck, folder, out, *extra):
-    return load_config(CONFIG, [f"target={ck.path}", f"data={folder}", f"out_dir={out}", "drafter.num_layers=2",
-                                "drafter.target_layer_ids=(1, 2)", "drafter.block_size=8", "train.gamma=4.0", "train.max_len=80", "train.num_anchors=16",
-                                "train.anchor_chunk=8", "train.batch_size=16", "train.lr=3e-3", "eval.val_size=32",
-                                "eval.decode_prompts=0", *extra])
+    return load_config(CONFIG, tiny_overrides(ck, folder, out, *extra))
 
 
 # --- masks ------------------------------------------------------------------------------------
@@ -603,3 +607,60 @@ def test_remat_off_gives_the_same_loss_and_gradients(tiny):
     assert sum(float(jnp.abs(g).sum()) for g in leaves) > 0
     for a, b in zip(jax.tree.leaves(g0), leaves):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))  # summation order
+
+
+def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
+    """``dflash-jax prepare-features`` + ``train.stored_features=True``: the stored rows are the
+    target's features of each sequence, the run is the same run (same identity, same batches) and
+    gives the same losses as computing the features in the step (float32 rounding apart), with
+    gradient accumulation and validation; the store resumes and rejects bad files clearly."""
+    ck, folder = tiny
+    extra = ("train.steps=3", "eval.every=3", "train.grad_accum=2", "train.batch_size=8")
+    with pytest.raises(data.DataError, match="prepare-features --config"):
+        Trainer(tiny_config(ck, folder, tmp_path / "none", *extra, "train.stored_features=True"), log=lambda *a: None)
+    cmd = [sys.executable, "-m", "dflash_jax.cli", "prepare-features", "--config", CONFIG,
+           *tiny_overrides(ck, folder, tmp_path / "unused")]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    ds = data.TokenDataset(folder)
+    feats_dir = data.features_folder(folder, ck.identity, (1, 2), "float32")
+    store = data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
+    for i in (0, 77, len(ds) - 1):
+        tok, _ = ds[i]
+        _, want, _ = Target(ck.cfg).apply({"params": ck.params}, jnp.asarray(tok)[None], jnp.arange(len(tok))[None],
+                                          None, (1, 2))
+        np.testing.assert_allclose(store[i], want[0], rtol=1e-5, atol=1e-5)
+
+    base = Trainer(tiny_config(ck, folder, tmp_path / "a", *extra), log=lambda *a: None)
+    stored = Trainer(tiny_config(ck, folder, tmp_path / "b", *extra, "train.stored_features=True"), log=lambda *a: None)
+    assert stored.run_id == base.run_id  # speed against disk: the same run
+    b0, b1 = base.global_batch(1), stored.global_batch(1)
+    np.testing.assert_array_equal(b0["tokens"], b1["tokens"])
+    assert "features" not in b0 and b1["features"].shape == (2, 4, 80, 2 * ck.cfg.hidden_size)
+    base.run()
+    stored.run()
+    runs = [[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()] for r in "ab"]
+    for r0, r1 in zip(*runs):
+        for key in ("loss", "grad_norm", "val_loss"):
+            if key in r0:
+                np.testing.assert_allclose(r1[key], r0[key], rtol=2e-4)
+    assert sum("val_loss" in r for r in runs[1]) == 1
+
+    # resumable: a finished file is kept, a missing one is written again; bad files are named
+    path = feats_dir / "data.npy"
+    row77 = np.array(store[77])
+    del store, stored  # drop their memory maps before the file is overwritten in place below
+    stamp = path.stat().st_mtime_ns
+    data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
+    assert path.stat().st_mtime_ns == stamp
+    np.save(path, np.zeros((3, 2 * ck.cfg.hidden_size), np.float32))
+    with pytest.raises(data.DataError, match="data.npy is float32 .*delete it and rerun"):
+        data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
+    path.unlink()
+    with pytest.raises(data.DataError, match="missing: prepare-features has not finished"):
+        data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
+    data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
+    np.testing.assert_array_equal(data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)[77], row77)
+    with pytest.raises(data.DataError, match="other settings"):
+        (feats_dir / "meta.json").write_text(json.dumps({"format": "dflash-jax-features"}))
+        data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
