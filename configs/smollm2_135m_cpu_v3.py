@@ -4,11 +4,15 @@ Starts from stage 2's best drafter (``init_from``; same drafter fields) on the s
 (stage 2's validation loss was still falling, so more steps on the same answers still pay),
 with a fresh AdamW state and a new warmup + cosine schedule at a lower peak (7e-4), and without
 activation recomputation (``train.remat=False``: 6.0 s per step here instead of 7.1 s; memory is
-not the limit at 4 x 384 tokens), 8 anchors at a time (fastest chunk without recomputation).
+not the limit at 4 x 384 tokens), 8 anchors at a time (fastest chunk without recomputation),
+reading the target's features stored once by ``prepare-features`` (``train.stored_features``:
+the step skips the target forward; the run is the same run either way, so the run that made
+the shipped drafter computed them in the step for its first 300 steps and read them after).
 Resumable: rerun the same command after an interruption.
 
     dflash-jax train --config configs/smollm2_135m_cpu.py       # stage 1 -> runs/smollm2_v1/best
     dflash-jax train --config configs/smollm2_135m_cpu_v2.py    # stage 2 -> runs/smollm2_v2/best
+    dflash-jax prepare-features --config configs/smollm2_135m_cpu_v3.py   # 2.0 GiB, about 9 min here
     dflash-jax train --config configs/smollm2_135m_cpu_v3.py    # stage 3 -> runs/smollm2_v3/best
 """
 
@@ -23,4 +27,5 @@ def get_config():
     c.train.lr = 7e-4
     c.train.remat = False
     c.train.anchor_chunk = 8
+    c.train.stored_features = True
     return c
