@@ -3,7 +3,7 @@
 Starts from stage 2's best drafter (``init_from``; same drafter fields) on the same 8 shards
 (stage 2's validation loss was still falling, so more steps on the same answers still pay),
 with a fresh AdamW state and a new warmup + cosine schedule at a lower peak (7e-4), and without
-activation recomputation (``train.remat=False``: 6.0 s per step here instead of 7.1 s; memory is
+activation recomputation (``train.remat=False``: 5.9 s per step here instead of 7.0 s; memory is
 not the limit at 4 x 384 tokens), 8 anchors at a time (fastest chunk without recomputation),
 reading the target's features stored once by ``prepare-features`` (``train.stored_features``:
 the step skips the target forward; the run is the same run either way, so the run that made

@@ -364,8 +364,9 @@ class FeatureStore:
 
     Raises (on open):
       DataError: no ``meta.json`` (features never made: the message gives the command), features
-        of another dataset, a missing shard file (``prepare-features`` unfinished) or one whose
-        shape or dtype does not match its token shard (delete it and rerun).
+        of another width, a missing shard file (``prepare-features`` unfinished, or the dataset
+        folder renamed) or one whose shape or dtype does not match its token shard (delete it
+        and rerun). A shard file is matched to its token shard by name and token count only.
     """
 
     def __init__(self, folder: str | Path, ds: TokenDataset, feature_size: int):
@@ -384,7 +385,8 @@ class FeatureStore:
         for shard in ds.shards:
             path = self.folder / f"{shard.folder.name}.npy"
             if not path.exists():
-                raise DataError(f"{path} is missing: prepare-features has not finished; {fix} (it resumes)")
+                raise DataError(f"{path} is missing: prepare-features has not finished (or the dataset folder was "
+                                f"renamed since); {fix} (it resumes)")
             try:
                 a = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
@@ -419,26 +421,50 @@ def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str
     Returns:
       the features folder.
     Raises:
-      DataError: the folder holds features made with other settings.
+      DataError: the folder holds features made with other settings, its ``meta.json`` is
+        damaged, or another ``prepare-features`` is writing it (an exclusive lock on
+        ``<folder>/.lock`` guards the writes).
     """
-    import jax
-    from tqdm import tqdm
-
-    from dflash_jax.target import Target
+    import fcntl
 
     folder = features_folder(ds.folder, ck.identity, layer_ids, dtype)
     width = len(layer_ids) * ck.cfg.hidden_size
     meta = {"format": FEATURES_FORMAT, "format_version": 1, "feature_size": width, "layers": [int(x) for x in layer_ids],
             "dtype": dtype, "target": ck.identity}
     folder.mkdir(parents=True, exist_ok=True)
+    lock = open(folder / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise DataError(f"another prepare-features is writing {folder}; wait for it to finish (or stop it)") from None
+    try:
+        _write_features(ds, ck, layer_ids, folder, meta, batch_size, progress)
+    finally:
+        lock.close()  # releases the lock
+    return folder
+
+
+def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int, progress: bool) -> None:
+    """``write_features`` under its lock."""
+    import jax
+    from tqdm import tqdm
+
+    from dflash_jax.target import Target
+
+    width = meta["feature_size"]
     if (folder / "meta.json").exists():
-        if json.loads((folder / "meta.json").read_text()) != meta:
+        try:
+            old = json.loads((folder / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{folder}/meta.json is damaged ({e}); delete {folder} and rerun") from None
+        if old != meta:
             raise DataError(f"{folder} holds features made with other settings; delete it and rerun")
     else:
         tmp = folder / "meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2))
         os.replace(tmp, folder / "meta.json")
-    for stale in folder.glob("*.npy.partial"):
+    for stale in folder.glob("*.npy.partial"):  # left by a killed run (we hold the lock: nobody else writes)
         stale.unlink()
 
     @jax.jit
@@ -469,7 +495,6 @@ def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str
         del out
         os.replace(partial, path)
     bar.close()
-    return folder
 
 
 # ----------------------------------------------------------------------------- making data

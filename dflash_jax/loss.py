@@ -146,7 +146,7 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
       remat: recompute each chunk's drafter and LM-head activations in the backward pass
         (``jax.checkpoint``): activation memory stays at one chunk's. ``False`` keeps them all
         (about ``A x k x V x 4`` bytes of logits per sequence) and skips the recomputation: the same
-        loss and gradients, faster when memory allows (16% per step for the SmolLM2 CPU recipe).
+        loss and gradients, faster when memory allows (15% per step for the SmolLM2 CPU recipe).
       feats: the target's tapped features ``[b, T, n_taps * d]`` of ``tokens`` if already known
         (stored by ``data.write_features``); ``None``: computed here by the frozen target.
     Returns:

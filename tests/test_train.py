@@ -661,6 +661,15 @@ def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
         data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
     data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
     np.testing.assert_array_equal(data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)[77], row77)
+    import fcntl
+
+    with open(feats_dir / ".lock", "w") as held:  # a second writer is refused, not interleaved
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(data.DataError, match="another prepare-features is writing"):
+            data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
+    (feats_dir / "meta.json").write_text('{"format": "dflash-jax-fea')
+    with pytest.raises(data.DataError, match="meta.json is damaged"):
+        data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
+    (feats_dir / "meta.json").write_text(json.dumps({"format": "dflash-jax-features"}))
     with pytest.raises(data.DataError, match="other settings"):
-        (feats_dir / "meta.json").write_text(json.dumps({"format": "dflash-jax-features"}))
         data.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
