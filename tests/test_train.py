@@ -550,15 +550,20 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
         Trainer(tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None)
 
 
+def small_block_problem(ck, seed: int):
+    """A 1-layer block-8 drafter, 2 random sequences of 40 tokens (answers from position 6) and 8
+    anchors each: inputs for direct ``loss.block_loss`` checks."""
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    rs = np.random.RandomState(seed)
+    tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
+    mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
+    return dcfg, init_drafter_params(dcfg, seed=seed), tokens, mask, loss.sample_anchors(jax.random.PRNGKey(seed), mask, 8)
+
+
 def test_loss_offsets_supervise_only_the_first_offsets(tiny):
     """loss_offsets=K is the full objective with w_k = 0 past K (computed from the full logits)."""
     ck, _ = tiny
-    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
-    dparams = init_drafter_params(dcfg, seed=3)
-    rs = np.random.RandomState(0)
-    tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
-    mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
-    anchors = loss.sample_anchors(jax.random.PRNGKey(1), mask, 8)
+    dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=3)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     full = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
     part = loss.block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
@@ -581,12 +586,7 @@ def test_remat_off_gives_the_same_loss_and_gradients(tiny):
     """train.remat only trades memory for time: without jax.checkpoint the loss, the metrics
     and the gradients are those of the recomputing version (float32 rounding apart)."""
     ck, _ = tiny
-    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
-    dparams = init_drafter_params(dcfg, seed=5)
-    rs = np.random.RandomState(2)
-    tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
-    mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
-    anchors = loss.sample_anchors(jax.random.PRNGKey(4), mask, 8)
+    dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=5)
 
     def run(remat):
         def f(p):
