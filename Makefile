@@ -26,8 +26,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
-# Quick tau / speedup table (3 prompts per set, plain vs blocks 8 and 16; a few minutes) with the shipped drafter.
+# Quick tau / speedup table (3 prompts per set, plain vs blocks 8 and 16; a few minutes) with the shipped drafter,
+# measured afresh each time (its earlier records are dropped; bench-full resumes instead).
 bench: $(STAMP)
+	rm -f docs/bench/quick.records.jsonl
 	$(VENV)/bin/dflash-jax bench --dataset all --max-samples 3 --max-new-tokens 128 --block-size 8 16 \
 		--json-out docs/bench/quick.json
 

@@ -235,6 +235,20 @@ def _messages(p: EvalPrompt, turn: int, by_key: dict, tok) -> list[dict]:
     return msgs + [{"role": "user", "content": p.turns[turn]}]
 
 
+def drafter_fingerprint(params, cfg) -> str:
+    """sha256 (hex, 16 digits) of a drafter's configuration and weights: what bench records depend
+    on, whatever folder the drafter was loaded from (a re-shipped drafter at the same path gets a
+    new fingerprint, so its records are never mixed with the old one's)."""
+    import jax
+
+    h = hashlib.sha256(json.dumps(cfg.to_released(), sort_keys=True).encode())
+    for leaf in jax.tree.leaves(params):
+        a = np.asarray(leaf)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
 def settings_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -477,7 +477,8 @@ def cmd_bench(args) -> None:
         spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
     except ValueError as e:
         sys.exit(f"error: {e}")
-    settings = {"target": ck.identity, "drafter": str(Path(drafter_path).resolve()), "block_sizes": blocks,
+    settings = {"target": ck.identity, "drafter": str(Path(drafter_path).resolve()),
+                "drafter_sha256": bench.drafter_fingerprint(*drafter), "block_sizes": blocks,
                 "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "dtype": args.dtype,
                 "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed}
     out = Path(args.json_out)

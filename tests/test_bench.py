@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -98,7 +99,8 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     ck, root = bench_setup
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
     out = tmp_path / "b" / "r.json"
-    argv = ["bench", "--target", str(ck.path), "--drafter", str(root / "drafter"), "--dataset", "gsm8k", "mt-bench",
+    shutil.copytree(root / "drafter", tmp_path / "drafter")  # this test re-ships it below
+    argv = ["bench", "--target", str(ck.path), "--drafter", str(tmp_path / "drafter"), "--dataset", "gsm8k", "mt-bench",
             "--max-new-tokens", "12", "--block-size", "4", "8", "--json-out", str(out), "--no-progress"]
     main(argv)
     rep = json.loads(out.read_text())
@@ -126,4 +128,14 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     # other settings into the same records: refused, nothing lost
     with pytest.raises(SystemExit, match="other settings"):
         main([*argv[:8], "--max-new-tokens", "10", "--block-size", "4", "--json-out", str(out), "--no-progress"])
+    assert len(records.read_text().splitlines()) == 6
+    # a drafter re-shipped at the same path (other weights) is other settings too, not a resume
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.drafter_io import export_released
+
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
+    shutil.rmtree(tmp_path / "drafter")
+    export_released(init_drafter_params(dcfg, seed=1), dcfg, tmp_path / "drafter", target_identity=ck.identity)
+    with pytest.raises(SystemExit, match="other settings"):
+        main(argv)
     assert len(records.read_text().splitlines()) == 6
