@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -358,7 +359,7 @@ def features_folder(data_folder: str | Path, target_identity: dict, layer_ids: S
 class FeatureStore:
     """The target's tapped features of every token of a ``TokenDataset``, memory-mapped:
     ``[i]`` -> float32 ``[n_i, F]`` for sequence ``i`` (``F`` = taps x hidden size), the same rows
-    the training step would compute (``Target(...)(tokens)[1]``, causal, so a cut sequence's
+    the training step would compute (``loss.target_features``; causal, so a cut sequence's
     features are the first rows). Files: ``meta.json`` and one ``<shard name>.npy`` float32
     ``[shard tokens, F]`` per token shard, written by ``write_features``.
 
@@ -450,7 +451,7 @@ def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int
     import jax
     from tqdm import tqdm
 
-    from dflash_jax.target import Target
+    from dflash_jax.loss import target_features
 
     width = meta["feature_size"]
     if (folder / "meta.json").exists():
@@ -467,17 +468,13 @@ def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int
     for stale in folder.glob("*.npy.partial"):  # left by a killed run (we hold the lock: nobody else writes)
         stale.unlink()
 
-    @jax.jit
-    def taps(params, tokens):
-        positions = jax.numpy.broadcast_to(jax.numpy.arange(tokens.shape[1]), tokens.shape)
-        return Target(ck.cfg).apply({"params": params}, tokens, positions, None, tuple(layer_ids))[1]
-
+    taps = jax.jit(partial(target_features, tcfg=ck.cfg, layer_ids=tuple(layer_ids)))
     todo = [sh for sh in ds.shards if not (folder / f"{sh.folder.name}.npy").exists()]
     bar = tqdm(total=sum(len(sh) for sh in todo), desc="prepare-features", unit="seq", disable=not progress)
     for sh in todo:
         path = folder / f"{sh.folder.name}.npy"
-        partial = folder / f"{sh.folder.name}.npy.partial"
-        out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(len(sh.tokens), width))
+        unfinished = folder / f"{sh.folder.name}.npy.partial"
+        out = np.lib.format.open_memmap(unfinished, mode="w+", dtype=np.float32, shape=(len(sh.tokens), width))
         off = np.asarray(sh.offsets)
         lens = np.diff(off)
         order = np.argsort(lens, kind="stable")
@@ -493,7 +490,7 @@ def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int
             bar.update(len(idx))
         out.flush()
         del out
-        os.replace(partial, path)
+        os.replace(unfinished, path)
     bar.close()
 
 

@@ -99,6 +99,14 @@ class BlockStats(NamedTuple):
     blocks: Array  # scalar: real blocks
 
 
+def target_features(target_params, tokens: Array, *, tcfg: TargetConfig, layer_ids) -> Array:
+    """The frozen target's tapped features ``[b, T, len(layer_ids) * d]`` (compute dtype) of
+    ``tokens`` ``[b, T]`` at positions ``0..T-1``, no KV cache: what the drafter is conditioned on
+    (SPEC "Training"); the training step and ``data.write_features`` both call this."""
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return Target(tcfg).apply({"params": target_params}, tokens, positions, None, tuple(layer_ids))[1]
+
+
 def context_kv(drafter_params, feats: Array, cfg: DrafterConfig):
     """Per-layer context K/V ``[b, T, KV, D]`` of target features ``[b, T, n_taps * d]`` at 0..T-1."""
     model = Drafter(cfg)
@@ -154,8 +162,7 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
     """
     b, t = tokens.shape
     if feats is None:
-        positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-        _, feats, _ = Target(tcfg).apply({"params": target_params}, tokens, positions, None, cfg.target_layer_ids)
+        feats = target_features(target_params, tokens, tcfg=tcfg, layer_ids=cfg.target_layer_ids)
     feats = jax.lax.stop_gradient(feats.astype(tcfg.compute_dtype))  # stored features are float32
     ctx_kv = context_kv(drafter_params, feats, cfg)
     labels, use = block_labels(tokens, loss_mask, anchors, cfg.block_size)
@@ -185,7 +192,8 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
                 jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
                 jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32), valid.sum().astype(jnp.float32))
 
-    parts = jax.lax.map(jax.checkpoint(chunk) if remat else chunk, (split(anchors.positions), split(anchors.valid), split(labels), split(use)))
+    parts = jax.lax.map(jax.checkpoint(chunk) if remat else chunk,
+                        (split(anchors.positions), split(anchors.valid), split(labels), split(use)))
     return BlockStats(*(x.sum(0) for x in parts))
 
 

@@ -267,9 +267,10 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
     batch_sh = NamedSharding(mesh, P(None, *logical_spec("batch", "length")))
     step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
+    features_sh = NamedSharding(mesh, P(*batch_sh.spec, None))  # [accum, b, T, F]: split like the tokens
     batch_in = {"tokens": batch_sh, "loss_mask": batch_sh}
     if stored_features:
-        batch_in["features"] = NamedSharding(mesh, P(*batch_sh.spec, None))
+        batch_in["features"] = features_sh
     jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, batch_in, rep),
                      out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
 
@@ -278,6 +279,7 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
             return jitted(*args)
 
     run.jitted = jitted  # for ahead-of-time lowering (launch/memory_plan.py)
+    run.features_sharding = features_sh  # for the trainer's stored-feature batches
     return run, param_sh, batch_sh, opt_sh
 
 
@@ -405,7 +407,6 @@ class Trainer:
         self._step, param_sh, self.batch_sh, opt_sh = sharded_step(self.mesh, params, self.target.params,
                                                                     opt=self.opt, **kw,
                                                                     stored_features=self.features is not None)
-        self.features_sh = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(*self.batch_sh.spec, None))
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
         self.params = jax.device_put(params, param_sh)
@@ -526,7 +527,7 @@ class Trainer:
                 a_idx, r_idx = range(accum)[index[0]], range(micro)[index[1]]
                 return np.stack([np.stack([row(a, r)[key][index[2:]] for r in r_idx]) for a in a_idx])
             if key == "features":  # [accum, micro, T, F], split like the tokens
-                return jax.make_array_from_callback((*shape, self.features_width), self.features_sh, cb)
+                return jax.make_array_from_callback((*shape, self.features_width), self._step.features_sharding, cb)
             return jax.make_array_from_callback(shape, self.batch_sh, cb)
 
         keys = ("tokens", "loss_mask") + (("features",) if self.features is not None else ())

@@ -80,7 +80,7 @@ def recipe_worker(steps: int) -> dict:
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
-    from dflash_jax.target import Target
+    from dflash_jax.loss import target_features
     from dflash_jax.train import make_optimizer, train_step
     from dflash_jax.utils import enable_compilation_cache
     from ml_collections import ConfigDict
@@ -104,8 +104,7 @@ def recipe_worker(steps: int) -> dict:
         jax.block_until_ready(out)
         return (time.perf_counter() - t0) / steps
 
-    feats = jax.jit(lambda p, t: Target(ck.cfg).apply({"params": p}, t, np.arange(384)[None].repeat(4, 0), None,
-                                                       dcfg.target_layer_ids)[1])
+    feats = jax.jit(partial(target_features, tcfg=ck.cfg, layer_ids=dcfg.target_layer_ids))
     row = {"target_features_s": timed(feats, ck.params, batch["tokens"][0])}
     for k in (0, 8):
         params = init_drafter_params(dcfg, 0)
