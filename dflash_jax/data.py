@@ -215,6 +215,10 @@ class TokenDataset:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    def shard_start(self, k: int) -> int:
+        """Index of shard ``k``'s first sequence (``k == len(self.shards)``: the dataset's size)."""
+        return int(self._starts[k])
+
     def locate(self, i: int) -> tuple[int, int]:
         """``(shard k, row j in it)`` of sequence ``i``."""
         if not 0 <= i < len(self):
@@ -263,12 +267,26 @@ class PaddedSource:
         return out
 
 
-def split_indices(n: int, val_size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed held-out split: ``val_size`` sequences for validation, the rest for training."""
-    if not 0 <= val_size < n:
-        raise DataError(f"validation size {val_size} must be in [0, {n}) for a dataset of {n} sequences")
-    perm = np.random.RandomState(seed).permutation(n)
-    return np.sort(perm[val_size:]), np.sort(perm[:val_size])
+def split_indices(n: int, val_size: int, seed: int = 0, within: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed held-out split of sequences ``0..n-1``: ``(train, val)`` index arrays (int64, sorted).
+
+    ``val_size`` sequences are drawn (a seeded permutation) from the first ``within`` sequences
+    (default: all ``n``); every sequence from ``within`` on is for training. So a later training
+    stage on more shards keeps its predecessor's held-out sequences when ``within`` is the
+    predecessor's dataset size: its validation loss stays comparable and never scores sequences
+    the predecessor trained on.
+
+    Raises:
+      DataError: ``val_size`` not in ``[0, within)`` or ``within`` not in ``[1, n]``.
+    """
+    within = n if within is None else within
+    if not 1 <= within <= n:
+        raise DataError(f"the validation split's range ({within} sequences) must be within the dataset's {n}")
+    if not 0 <= val_size < within:
+        raise DataError(f"validation size {val_size} must be in [0, {within}) for a split over {within} sequences")
+    perm = np.random.RandomState(seed).permutation(within)
+    train = np.concatenate([perm[val_size:], np.arange(within, n)])
+    return np.sort(train), np.sort(perm[:val_size])
 
 
 def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0,

@@ -154,8 +154,8 @@ def validate_config(c) -> None:
     need(isinstance(t.get("stored_features", False), bool), "train.stored_features must be True or False")
     need(t.compute_dtype in ("float32", "bfloat16"), "train.compute_dtype must be 'float32' or 'bfloat16'")
     need(is_int(e.every) and e.every >= 1, "eval.every must be an integer >= 1")
-    for key in ("val_size", "decode_prompts"):
-        need(is_int(e[key]) and e[key] >= 0, f"eval.{key} must be an integer >= 0")
+    for key in ("val_size", "decode_prompts", "val_within_shards"):
+        need(is_int(e.get(key, 0)) and e.get(key, 0) >= 0, f"eval.{key} must be an integer >= 0")
     need(is_int(e.decode_max_new_tokens) and e.decode_max_new_tokens >= 1, "eval.decode_max_new_tokens must be >= 1")
     for key in ("every", "keep"):
         need(is_int(k[key]) and k[key] >= 1, f"ckpt.{key} must be an integer >= 1")
@@ -377,7 +377,13 @@ class Trainer:
             self.features = data.FeatureStore(
                 data.features_folder(c.data, self.target.identity, self.dcfg.target_layer_ids, t.compute_dtype),
                 self.ds, self.features_width)
-        self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed)
+        within = None  # eval.val_within_shards: keep an earlier stage's held-out answers (data.split_indices)
+        if c.eval.get("val_within_shards"):
+            if c.eval.val_within_shards > len(self.ds.shards):
+                raise ConfigError(f"eval.val_within_shards={c.eval.val_within_shards} but {c.data} gives this run "
+                                  f"{len(self.ds.shards)} shards; ask for at most that many (0 = all)")
+            within = self.ds.shard_start(c.eval.val_within_shards)
+        self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed, within=within)
         self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None
         if t.get("length_buckets"):
@@ -388,6 +394,8 @@ class Trainer:
             "target": self.target.identity, "data": self.ds.identity,
             "drafter": self.dcfg.to_released(), "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size,
         }
+        if within is not None:  # which sequences are held out (absent: drawn from all, as before this field)
+            self.identity["val_within"] = within
         for key in NEWER_TRAIN_FIELDS:  # at their defaults: runs made before these fields existed match
             if not self.identity["train"].get(key):
                 self.identity["train"].pop(key, None)

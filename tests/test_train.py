@@ -500,6 +500,33 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
     assert np.isfinite(last["val_loss"]) and (tmp_path / "r2" / "best" / "dflash_jax.json").exists()
 
 
+def test_val_within_shards_keeps_an_earlier_stages_held_out_answers(tiny, tmp_path):
+    """eval.val_within_shards=N: a run on more shards holds out exactly the sequences a run on the
+    first N shards held out, and trains on everything else (data.split_indices)."""
+    ck, folder = tiny
+    import shutil
+
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("shard_00000", "shard_00001"):
+        shutil.copytree(folder, two / name)
+    n = data.TokenDataset(folder).meta["num_sequences"]
+    (two / "meta.json").write_text(json.dumps({"format": data.SHARDED_FORMAT, "format_version": 1, "complete": True,
+                                               "shards": ["shard_00000", "shard_00001"], "num_sequences": 2 * n}))
+    quiet = dict(log=lambda *_: None)
+    first = Trainer(tiny_config(ck, two, tmp_path / "a", "data_shards=1"), **quiet)
+    later = Trainer(tiny_config(ck, two, tmp_path / "b", "eval.val_within_shards=1"), **quiet)
+    anywhere = Trainer(tiny_config(ck, two, tmp_path / "c"), **quiet)
+    np.testing.assert_array_equal(later.val_idx, first.val_idx)
+    np.testing.assert_array_equal(later.train_idx, np.concatenate([first.train_idx, np.arange(n, 2 * n)]))
+    assert (anywhere.val_idx >= n).any()  # the default draws from both shards (fails with probability 2**-32)
+    assert later.identity["val_within"] == n and "val_within" not in anywhere.identity
+    with pytest.raises(ConfigError, match="val_within_shards=3 .* 2 shards"):
+        Trainer(tiny_config(ck, two, tmp_path / "d", "eval.val_within_shards=3"), **quiet)
+    with pytest.raises(data.DataError, match="validation size 40 must be in"):
+        data.split_indices(2 * n, 40, within=39)
+
+
 def test_missing_mask_token_is_a_config_error():
     from dflash_jax.cli import mask_token_id
 
@@ -532,6 +559,10 @@ def test_stage2_recipe_continues_stage1_with_the_same_drafter():
     assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
     assert three.drafter.to_dict() == two.drafter.to_dict() and three.data_shards >= two.data_shards
     assert three.train.remat is False and one.train.remat is True
+    four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 1-3's held-out set
+    assert four.init_from == three.out_dir + "/best" and four.drafter.to_dict() == three.drafter.to_dict()
+    assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
+    assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
 
 
 def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny, tmp_path):
