@@ -28,6 +28,6 @@ def get_config():
     c.eval.every = 150
     c.eval.decode_max_new_tokens = 256
     c.ckpt.every = 50
-    c.train.steps = 1100
+    c.train.steps = 1000
     c.train.lr = 7e-4
     return c
