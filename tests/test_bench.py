@@ -139,3 +139,33 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit, match="other settings"):
         main(argv)
     assert len(records.read_text().splitlines()) == 6
+
+
+def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
+    """launch/show_rounds.py: round starts follow the prefill token, and its position table's
+    figures are the hand-computed ones (by looping and loop-free answers)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    import show_rounds
+
+    assert show_rounds.rounds([3, 1, 2]) == [(1, 3), (4, 1), (5, 2)]  # token 0 comes from the prefill
+    recs = [{"dataset": "gsm8k", "id": "0", "turn": 0, "loops": True, "output_ids": list(range(8)),
+             "b4": {"acceptance_lengths": [2, 1, 4]}},  # rounds start at 1, 3, 4
+            {"dataset": "gsm8k", "id": "1", "turn": 0, "loops": False, "output_ids": list(range(7)),
+             "b4": {"acceptance_lengths": [3, 3]}}]  # rounds start at 1, 4
+    acc = show_rounds.by_position(recs, "b4", bucket=4)
+    assert acc == {(True, 0): [3, 2], (True, 1): [4, 1], (False, 0): [3, 1], (False, 1): [3, 1]}
+    f = tmp_path / "r.records.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in [{"settings": {"block_sizes": [4]}}, *recs]) + "\n")
+    script = Path(show_rounds.__file__)
+    r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--bucket", "4"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("│ 0-3", "│ 4-7"))]
+    assert [x for x in rows[0] if x != "│"] == ["0-3", "1.50", "(2)", "3.00", "(1)", "2.00", "(3)"]  # looping, loop-free, all
+    assert [x for x in rows[1] if x != "│"] == ["4-7", "4.00", "(1)", "3.00", "(1)", "3.50", "(2)"]
+    r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "16"], capture_output=True, text=True)
+    assert r.returncode != 0 and "no speculative records at block size 16" in r.stderr
