@@ -49,7 +49,8 @@ def get_config() -> ConfigDict:
     c.eval = ConfigDict()
     c.eval.every = 200  # steps between validations
     c.eval.val_size = 32  # held-out sequences
-    c.eval.val_within_shards = 0  # N: draw them from the first N shards only (an earlier stage's data); 0: all
+    c.eval.val_within_shards = 0  # N: draw them from the first N shards only (keep the split of an earlier
+    # stage that drew from N shards; carry the same N, seed and val_size to every later stage); 0: all
     c.eval.decode_prompts = 4  # validation prompts decoded for a real tau (0 = skip)
     c.eval.decode_max_new_tokens = 64
 

@@ -272,9 +272,11 @@ def split_indices(n: int, val_size: int, seed: int = 0, within: int | None = Non
 
     ``val_size`` sequences are drawn (a seeded permutation) from the first ``within`` sequences
     (default: all ``n``); every sequence from ``within`` on is for training. So a later training
-    stage on more shards keeps its predecessor's held-out sequences when ``within`` is the
-    predecessor's dataset size: its validation loss stays comparable and never scores sequences
-    the predecessor trained on.
+    stage on more sequences holds out exactly what an earlier stage held out when it passes the
+    same ``within``, ``val_size`` and ``seed``: ``within`` is the size over which that earlier
+    split was drawn (its dataset size if it drew from all, else its own ``within``; carry it along
+    a chain of stages, never the previous stage's larger size). Its validation loss then stays
+    comparable and never scores a sequence any stage using that split trained on.
 
     Raises:
       DataError: ``val_size`` not in ``[0, within)`` or ``within`` not in ``[1, n]``.

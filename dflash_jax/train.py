@@ -379,10 +379,16 @@ class Trainer:
                 self.ds, self.features_width)
         within = None  # eval.val_within_shards: keep an earlier stage's held-out answers (data.split_indices)
         if c.eval.get("val_within_shards"):
-            if c.eval.val_within_shards > len(self.ds.shards):
-                raise ConfigError(f"eval.val_within_shards={c.eval.val_within_shards} but {c.data} gives this run "
-                                  f"{len(self.ds.shards)} shards; ask for at most that many (0 = all)")
-            within = self.ds.shard_start(c.eval.val_within_shards)
+            k = c.eval.val_within_shards
+            if k > len(self.ds.shards):
+                raise ConfigError(f"eval.val_within_shards={k} but this run reads {len(self.ds.shards)} shard(s) of "
+                                  f"{c.data}; ask for at most that many (0 = all)")
+            within = self.ds.shard_start(k)
+            if c.eval.val_size >= within:
+                raise ConfigError(f"eval.val_size={c.eval.val_size} needs more than the {within} sequences of the "
+                                  f"first eval.val_within_shards={k} shard(s); raise val_within_shards")
+            if within == len(self.ds):
+                within = None  # the same split as drawing from all: the same run
         self.train_idx, self.val_idx = data.split_indices(len(self.ds), c.eval.val_size, seed=c.seed, within=within)
         self.rows = data.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None

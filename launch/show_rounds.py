@@ -7,7 +7,8 @@ length of each speculative round) and prints, per block size:
   - with ``--show I``, record I's answer with each round in brackets, coloured by how many tokens
     it committed (1: red, 2-3: yellow, 4 and more: green; the prefill's first token dim), so a
     reader sees which text the drafter gets and which it misses.
-Greedy records only are meaningful here (at temperature 0 a round's tokens are the target's own).
+The records keep the plain decode's tokens, so ``--show`` draws only turns whose speculative output
+was identical to them (always at temperature 0 in float32; the others are refused).
 
     .venv/bin/python launch/show_rounds.py docs/bench/interim_v3.records.jsonl --block-size 16 --show 2
 """
@@ -37,7 +38,7 @@ def by_position(records, key: str, bucket: int):
     acc = {}
     for r in records:
         for start, n in rounds(r[key]["acceptance_lengths"]):
-            cell = acc.setdefault((r["loops"], start // bucket), [0, 0])
+            cell = acc.setdefault((bool(r.get("loops")), start // bucket), [0, 0])
             cell[0] += n
             cell[1] += 1
     return acc
@@ -48,17 +49,24 @@ def main():
     ap.add_argument("records", type=Path, help="a bench run's .records.jsonl")
     ap.add_argument("--block-size", type=int, default=16, help="which speculative run of the records (b<N>)")
     ap.add_argument("--bucket", type=int, default=64, help="answer tokens per row of the position table")
-    ap.add_argument("--show", type=int, nargs="*", default=[], metavar="I", help="print record I with its rounds")
+    ap.add_argument("--show", type=int, nargs="*", default=[], metavar="I",
+                    help="print turn I (0-based, among the turns with results at --block-size) with its rounds")
     ap.add_argument("--target", default="smollm2-135m-instruct", help="target whose tokenizer decodes --show")
     args = ap.parse_args()
 
-    lines = args.records.read_text().splitlines()
-    if not lines:
-        sys.exit(f"{args.records} is empty")
-    settings = json.loads(lines[0]).get("settings", {})
-    records = [json.loads(x) for x in lines[1:]]
+    if args.bucket < 1:
+        sys.exit("--bucket must be at least 1")
+    rows = []
+    for line in args.records.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a killed run (bench drops these too)
+            continue
+    if not rows or not isinstance(rows[0], dict) or "settings" not in rows[0]:
+        sys.exit(f"{args.records} is not a bench records file (the .records.jsonl beside a --json-out file)")
+    settings = rows[0]["settings"]
     key = f"b{args.block_size}"
-    records = [r for r in records if key in r and "acceptance_lengths" in r[key]]
+    records = [r for r in rows[1:] if isinstance(r, dict) and r.get(key, {}).get("acceptance_lengths")]
     if not records:
         sys.exit(f"{args.records} has no speculative records at block size {args.block_size} "
                  f"(its block sizes: {settings.get('block_sizes')})")
@@ -68,7 +76,7 @@ def main():
 
     acc = by_position(records, key, args.bucket)
     table = Table(title=f"tau (rounds) by where a round starts in the answer, block {args.block_size}, "
-                        f"{len(records)} turns ({sum(r['loops'] for r in records)} looping)")
+                        f"{len(records)} turns ({sum(bool(r.get('loops')) for r in records)} looping)")
     table.add_column("answer tokens")
     for name in ("looping", "loop-free", "all"):
         table.add_column(name, justify="right")
@@ -91,14 +99,18 @@ def main():
             if not 0 <= i < len(records):
                 sys.exit(f"--show {i}: the records hold {len(records)} turns (0..{len(records) - 1})")
             r = records[i]
-            ids = r["output_ids"]
+            ids, lengths = r["output_ids"], r[key]["acceptance_lengths"]
+            if not r[key].get("identical") or sum(lengths) + 1 != len(ids):
+                sys.exit(f"--show {i}: its speculative output differs from the plain one the records keep, "
+                         "so its rounds cannot be drawn on it")
             out = Text(tok.decode(ids[:1]), style="dim")  # the prefill's token
-            for start, n in rounds(r[key]["acceptance_lengths"]):
+            for start, n in rounds(lengths):
                 style = "red" if n == 1 else "yellow" if n < 4 else "green"
-                out.append("[" + tok.decode(ids[start:start + n]) + "]", style=style)
-            lengths = r[key]["acceptance_lengths"]
+                # the text the round adds (decoding prefixes keeps a character split across rounds whole)
+                piece = tok.decode(ids[:start + n])[len(tok.decode(ids[:start])):]
+                out.append("[" + piece + "]", style=style)
             con.rule(f"record {i}: {r['dataset']} {r['id']} turn {r['turn']}, tau {np.mean(lengths):.2f}, "
-                     f"{'looping' if r['loops'] else 'loop-free'}")
+                     f"{'looping' if r.get('loops') else 'loop-free'}")
             con.print(out)
 
 

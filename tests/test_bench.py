@@ -159,7 +159,7 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     acc = show_rounds.by_position(recs, "b4", bucket=4)
     assert acc == {(True, 0): [3, 2], (True, 1): [4, 1], (False, 0): [3, 1], (False, 1): [3, 1]}
     f = tmp_path / "r.records.jsonl"
-    f.write_text("\n".join(json.dumps(x) for x in [{"settings": {"block_sizes": [4]}}, *recs]) + "\n")
+    f.write_text("\n".join(json.dumps(x) for x in [{"settings": {"block_sizes": [4]}}, *recs]) + '\n{"dataset": "gs')
     script = Path(show_rounds.__file__)
     r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--bucket", "4"],
                        capture_output=True, text=True)
@@ -169,3 +169,6 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     assert [x for x in rows[1] if x != "│"] == ["4-7", "4.00", "(1)", "3.00", "(1)", "3.50", "(2)"]
     r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "16"], capture_output=True, text=True)
     assert r.returncode != 0 and "no speculative records at block size 16" in r.stderr
+    r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--show", "0"],
+                       capture_output=True, text=True)  # no "identical": the plain tokens may not be the rounds'
+    assert r.returncode != 0 and "differs from the plain one" in r.stderr

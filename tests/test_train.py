@@ -519,10 +519,14 @@ def test_val_within_shards_keeps_an_earlier_stages_held_out_answers(tiny, tmp_pa
     anywhere = Trainer(tiny_config(ck, two, tmp_path / "c"), **quiet)
     np.testing.assert_array_equal(later.val_idx, first.val_idx)
     np.testing.assert_array_equal(later.train_idx, np.concatenate([first.train_idx, np.arange(n, 2 * n)]))
-    assert (anywhere.val_idx >= n).any()  # the default draws from both shards (fails with probability 2**-32)
+    assert (anywhere.val_idx >= n).any()  # the default draws from both shards
     assert later.identity["val_within"] == n and "val_within" not in anywhere.identity
-    with pytest.raises(ConfigError, match="val_within_shards=3 .* 2 shards"):
+    same = Trainer(tiny_config(ck, two, tmp_path / "e", "eval.val_within_shards=2"), **quiet)  # = drawing from all
+    assert same.identity == anywhere.identity and (same.val_idx == anywhere.val_idx).all()
+    with pytest.raises(ConfigError, match=r"val_within_shards=3 but this run reads 2 shard\(s\)"):
         Trainer(tiny_config(ck, two, tmp_path / "d", "eval.val_within_shards=3"), **quiet)
+    with pytest.raises(ConfigError, match=f"val_size={n + 8} needs more than the {n} sequences .* raise val_within"):
+        Trainer(tiny_config(ck, two, tmp_path / "d", "eval.val_within_shards=1", f"eval.val_size={n + 8}"), **quiet)
     with pytest.raises(data.DataError, match="validation size 40 must be in"):
         data.split_indices(2 * n, 40, within=39)
 
@@ -559,7 +563,7 @@ def test_stage2_recipe_continues_stage1_with_the_same_drafter():
     assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
     assert three.drafter.to_dict() == two.drafter.to_dict() and three.data_shards >= two.data_shards
     assert three.train.remat is False and one.train.remat is True
-    four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 1-3's held-out set
+    four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
     assert four.init_from == three.out_dir + "/best" and four.drafter.to_dict() == three.drafter.to_dict()
     assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
     assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
