@@ -157,6 +157,29 @@ def test_trained_drafter_consistent_with_decoder(trained):
     assert _consistency(ck, trainer.params, trainer.dcfg, tokens.tolist(), [4, 12, 13, 40]) < 5e-5
 
 
+def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
+    """launch/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
+    acceptance are the decoder's rounds on the same answer (the target's own greedy answer)."""
+    sys.path.insert(0, str(ROOT / "launch"))
+    from anchor_acceptance import acceptance_at_anchors, simulated_rounds
+
+    ck, folder, out, trainer, _ = trained
+    ds = data.TokenDataset(folder)
+    dec = Decoder(ck.params, ck.cfg, drafter=(trainer.params, trainer.dcfg))
+    compared = 0
+    for j in trainer.val_idx[:4]:
+        tokens, mask = ds[int(j)]
+        tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+        first = int(np.argmax(mask))
+        sim = simulated_rounds(acceptance_at_anchors(ck, trainer.params, trainer.dcfg, tokens, mask))
+        got = dec.generate([tokens[:first].tolist()], len(tokens) - first)[0]
+        assert got.token_ids[: len(tokens) - first] == tokens[first:].tolist()  # the answer is the target's own
+        n = len(sim) - 1  # the last simulated round may need tokens past the answer's end
+        assert got.acceptance_lengths[:n] == sim[:n]
+        compared += n
+    assert compared >= 8
+
+
 def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, monkeypatch):
     import torch
 

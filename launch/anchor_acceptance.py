@@ -1,0 +1,95 @@
+"""A drafter's greedy acceptance at every anchor of a dataset's answers, as the training loss sees it.
+
+For each chosen sequence of a token dataset (``prepare-data``), runs the target once, then the
+drafter's training forward (``loss.block_logits``) with an anchor at every answer position, and
+counts how many of the block's greedy guesses match the answer (the acceptance length that
+anchor would give, the bonus token included). Prints, per sequence: whether it loops, the mean
+acceptance over all anchors and over the first 64, and the tau of rounds simulated from them (a
+round at anchor p commits its acceptance length a and the next starts at p + a), which is what
+a decode of that answer would measure if the target had produced it. No decoding, so any
+sequence of the data (held-out ones included) can be checked.
+
+    .venv/bin/python launch/anchor_acceptance.py --drafter runs/smollm2_v3/best \
+        --data data/smollm2-gsm8k-alpaca --shard 12 --count 6
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+
+def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.ndarray, chunk: int = 32):
+    """Acceptance length (1..block_size) at each anchor ``p`` from the first answer token (the
+    anchor of a decode's first round: the prefill commits that token) to the last position with a
+    whole block after it: int array of length ``T - B - first + 1``. ``tokens`` int [T],
+    ``loss_mask`` bool [T] (answer tokens)."""
+    import jax.numpy as jnp
+
+    from dflash_jax import loss
+
+    b = dcfg.block_size
+    toks = jnp.asarray(tokens[None])
+    feats = loss.target_features(ck.params, toks, tcfg=ck.cfg, layer_ids=dcfg.target_layer_ids)
+    ctx = loss.context_kv(dparams, feats, dcfg)
+    first = int(np.argmax(loss_mask))
+    anchors = list(range(first, len(tokens) - b + 1))
+    out = []
+    for c in range(0, len(anchors), chunk):
+        part = anchors[c:c + chunk]
+        a = loss.Anchors(jnp.asarray([part]), jnp.ones((1, len(part)), bool))
+        guess = np.asarray(jnp.argmax(loss.block_logits(dparams, ck.params, ctx, toks, a, tcfg=ck.cfg, cfg=dcfg)[0], -1))
+        for j, p in enumerate(part):
+            hit = guess[j] == tokens[p + 1:p + b]
+            out.append(1 + int(np.cumprod(hit).sum()))
+    return np.asarray(out)
+
+
+def simulated_rounds(lengths: np.ndarray) -> list[int]:
+    """The acceptance lengths of a greedy decode's rounds that meets these per-anchor lengths
+    (index 0 = the first answer token): a round at anchor k commits ``lengths[k]`` tokens."""
+    k, out = 0, []
+    while k < len(lengths):
+        out.append(int(lengths[k]))
+        k += out[-1]
+    return out
+
+
+def main():
+    from dflash_jax import checkpoint, data
+    from dflash_jax.drafter_io import load_drafter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", required=True, help="a drafter folder (run's best/ or released format)")
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--data", required=True, help="token dataset folder (prepare-data)")
+    ap.add_argument("--shard", type=int, default=0, help="first sequence = this shard's first")
+    ap.add_argument("--count", type=int, default=6, help="sequences: the first N looping and N loop-free from there")
+    args = ap.parse_args()
+
+    ck = checkpoint.load_target(args.target)
+    dparams, dcfg, _ = load_drafter(args.drafter)
+    ds = data.TokenDataset(args.data)
+    if not 0 <= args.shard < len(ds.shards):
+        sys.exit(f"--shard {args.shard}: {args.data} has shards 0..{len(ds.shards) - 1}")
+    picked = {True: [], False: []}
+    for i in range(ds.shard_start(args.shard), len(ds)):
+        tokens, mask = ds[i]
+        kind = data.loops(tokens[mask.astype(bool)].tolist())
+        if len(picked[kind]) < args.count:
+            picked[kind].append(i)
+        if all(len(v) >= args.count for v in picked.values()):
+            break
+    print("sequence  looping  anchors  mean  first-64  simulated-tau")
+    for kind in (True, False):
+        for i in picked[kind]:
+            tokens, mask = ds[i]
+            a = acceptance_at_anchors(ck, dparams, dcfg, np.asarray(tokens), np.asarray(mask, bool))
+            print(f"{i:8d}  {str(kind):7s}  {len(a):7d}  {a.mean():4.2f}  {a[:64].mean():8.2f}  {np.mean(simulated_rounds(a)):13.2f}")
+
+
+if __name__ == "__main__":
+    main()
