@@ -5,8 +5,9 @@ then), so stage 4 starts from stage 3's best drafter (``init_from``) on the firs
 (2560 of the target's answers), holding out the same 32 answers as stages 2 and 3
 (``eval.val_within_shards=8``: its validation loss is comparable with theirs and never scores
 an answer stage 2 or 3 trained on; stage 1 drew its split from 5 shards, and 19 of these 32
-answers, among them the 4 decoded for the validation tau, were in its training set). A fresh AdamW state and warmup + cosine schedule at
-stage 3's peak (7e-4); the validation decode runs 256-token answers, as the benchmark does.
+answers, among them the 4 decoded for the validation tau, were in its training set). A fresh
+AdamW state and warmup + cosine schedule at stage 3's peak (7e-4); the validation decode runs
+256-token answers, as the benchmark does.
 Resumable: rerun the same command after an interruption.
 
     dflash-jax prepare-data ...          # as in configs/smollm2_135m_cpu.py, until 20 shards exist

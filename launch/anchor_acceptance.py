@@ -41,7 +41,8 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
     for c in range(0, len(anchors), chunk):
         part = anchors[c:c + chunk]
         a = loss.Anchors(jnp.asarray([part]), jnp.ones((1, len(part)), bool))
-        guess = np.asarray(jnp.argmax(loss.block_logits(dparams, ck.params, ctx, toks, a, tcfg=ck.cfg, cfg=dcfg)[0], -1))
+        logits = loss.block_logits(dparams, ck.params, ctx, toks, a, tcfg=ck.cfg, cfg=dcfg)  # [1, A, B-1, V]
+        guess = np.asarray(jnp.argmax(logits[0], -1))
         for j, p in enumerate(part):
             hit = guess[j] == tokens[p + 1:p + b]
             out.append(1 + int(np.cumprod(hit).sum()))
@@ -75,20 +76,21 @@ def main():
     ds = data.TokenDataset(args.data)
     if not 0 <= args.shard < len(ds.shards):
         sys.exit(f"--shard {args.shard}: {args.data} has shards 0..{len(ds.shards) - 1}")
-    picked = {True: [], False: []}
+    picked = {True: [], False: []}  # looping or not -> [(index, tokens, answer mask)]
     for i in range(ds.shard_start(args.shard), len(ds)):
-        tokens, mask = ds[i]
-        kind = data.loops(tokens[mask.astype(bool)].tolist())
+        tokens, mask = (np.asarray(x) for x in ds[i])
+        mask = mask.astype(bool)
+        kind = data.loops(tokens[mask].tolist())
         if len(picked[kind]) < args.count:
-            picked[kind].append(i)
+            picked[kind].append((i, tokens, mask))
         if all(len(v) >= args.count for v in picked.values()):
             break
     print("sequence  looping  anchors  mean  first-64  simulated-tau")
     for kind in (True, False):
-        for i in picked[kind]:
-            tokens, mask = ds[i]
-            a = acceptance_at_anchors(ck, dparams, dcfg, np.asarray(tokens), np.asarray(mask, bool))
-            print(f"{i:8d}  {str(kind):7s}  {len(a):7d}  {a.mean():4.2f}  {a[:64].mean():8.2f}  {np.mean(simulated_rounds(a)):13.2f}")
+        for i, tokens, mask in picked[kind]:
+            a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask)
+            tau = np.mean(simulated_rounds(a))
+            print(f"{i:8d}  {str(kind):7s}  {len(a):7d}  {a.mean():4.2f}  {a[:64].mean():8.2f}  {tau:13.2f}")
 
 
 if __name__ == "__main__":
