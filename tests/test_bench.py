@@ -172,3 +172,51 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--show", "0"],
                        capture_output=True, text=True)  # no "identical": the plain tokens may not be the rounds'
     assert r.returncode != 0 and "differs from the plain one" in r.stderr
+
+
+def test_plot_stages_compares_stages_on_common_turns(tmp_path, capsys):
+    """launch/plot_stages.py: tau is recomputed on the turns every stage's bench has, steps add up
+    along each stage's best step, and a stage with another objective or held-out split gets no loss."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    import plot_stages
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"settings": {"shard_size": 10}}))
+
+    def stage(name, shards, offsets, val, bench_turns):
+        run = tmp_path / name
+        run.mkdir()
+        cfg = {"data": str(data), "data_shards": shards, "seed": 0,
+               "train": {"loss_offsets": offsets, "gamma": 7.0}, "eval": {"val_size": 4, "val_within_shards": 2}}
+        (run / "config.json").write_text(json.dumps(cfg))
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "val_loss": v}) for s, v in val)
+                                           + '\n{"step": 9')  # a line cut by a killed run
+        records = [{"dataset": "gsm8k", "id": i, "turn": 0, "b4": {"acceptance_lengths": lens}}
+                   for i, lens in bench_turns.items()]
+        bench = tmp_path / f"{name}.json"
+        bench.write_text(json.dumps({"settings": {"block_sizes": [4], "max_new_tokens": 8, "temperature": 0.0},
+                                     "records": records}))
+        return [str(run), str(bench)]
+
+    one = stage("one", 2, 0, [(5, 4.0), (10, 3.0)], {"0": [1, 1], "1": [4, 4]})  # another objective
+    two = stage("two", 3, 8, [(4, 2.5), (8, 2.0), (12, 2.2)], {"0": [2, 4], "1": [3, 3], "2": [1]})  # best: step 8
+    three = stage("three", 4, 8, [(6, 1.5)], {"0": [4, 4], "1": [4, 2], "2": [4]})
+    png = tmp_path / "stages.png"
+    assert plot_stages.main(["--stage", *one, "--stage", *two, "--stage", *three, "--out", str(png)]) == 0
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| 1 ")
+            or line.startswith("| 2 ") or line.startswith("| 3 ")]
+    # stage, run, shards, training answers, best step, total steps, val loss, tau b4 (turns "0" and "1" only)
+    assert rows[0] == ["1", "one", "2", "16", "10", "10", "n/c", "2.50"]
+    assert rows[1] == ["2", "two", "3", "26", "8", "18", "2.000", "3.00"]
+    assert rows[2] == ["3", "three", "4", "36", "6", "24", "1.500", "3.50"]
+    assert "2 turns every stage's bench has" in out and png.stat().st_size > 0
+    with pytest.raises(SystemExit, match="different max_new_tokens"):
+        b = json.loads(Path(three[1]).read_text())
+        b["settings"]["max_new_tokens"] = 16
+        Path(three[1]).write_text(json.dumps(b))
+        plot_stages.main(["--stage", *two, "--stage", *three, "--out", str(png)])
