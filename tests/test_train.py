@@ -590,6 +590,10 @@ def test_stage2_recipe_continues_stage1_with_the_same_drafter():
     assert four.init_from == three.out_dir + "/best" and four.drafter.to_dict() == three.drafter.to_dict()
     assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
     assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
+    five = load_config(ROOT / "configs" / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
+    assert five.init_from == four.out_dir + "/best" and five.drafter.to_dict() == four.drafter.to_dict()
+    assert five.data_shards > four.data_shards and five.eval.val_within_shards == four.eval.val_within_shards
+    assert (five.eval.val_size, five.seed) == (four.eval.val_size, four.seed)
 
 
 def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny, tmp_path):
