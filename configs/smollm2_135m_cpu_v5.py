@@ -5,7 +5,7 @@ answers has paid so far (stage 4's 1536 new answers: validation loss 3.46 -> 3.2
 starts from stage 4's best drafter (``init_from``) on the first 37 shards (4736 answers, 2176 of
 them new), holding out the same 32 answers as stages 2-4 (``eval.val_within_shards=8``, the same
 seed and ``val_size``). Fresh AdamW state, warmup + cosine schedule at stage 4's peak (7e-4).
-600 steps (about 38 min here) read 2400 answers: half of the training split, the most one
+500 steps (about 32 min here) read 2000 answers: 43% of the training split, the most one
 session's time allowed after generating the new shards.
 Resumable: rerun the same command after an interruption.
 
@@ -28,6 +28,6 @@ def get_config():
     c.out_dir = "runs/smollm2_v5"
     c.data_shards = 37
     c.eval.val_within_shards = 8
-    c.train.steps = 600
+    c.train.steps = 500
     c.train.lr = 7e-4
     return c
