@@ -26,8 +26,6 @@ def get_config():
     c = stage4()
     c.init_from = "runs/smollm2_v4/best"
     c.out_dir = "runs/smollm2_v5"
-    c.data_shards = 37
-    c.eval.val_within_shards = 8
+    c.data_shards = 37  # held-out split, lr and the rest: stage 4's
     c.train.steps = 500
-    c.train.lr = 7e-4
     return c
