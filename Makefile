@@ -33,8 +33,9 @@ bench: $(STAMP)
 	$(VENV)/bin/dflash-jax bench --dataset all --max-samples 3 --max-new-tokens 128 --block-size 8 16 \
 		--json-out docs/bench/quick.json
 
-# The paper-shape table (100 prompts per set, temperature 0 and 1, blocks 8 and 16): hours on 2 CPU
-# cores, so it runs in the background (log in runs/bench_full.log) and resumes when started again.
+# The paper-shape table (100 prompts per set, all of HumanEval and MT-Bench; greedy at blocks 4, 8, 16 and
+# temperature 1 at blocks 4 and 16): 9-10 h on 2 CPU cores, so it runs in the background (log in
+# runs/bench_full.log) and resumes when started again; docs/bench/full/paper_table.md is the table.
 bench-full: $(STAMP)
 	mkdir -p runs && nohup launch/bench_full.sh > runs/bench_full.log 2>&1 &
 	@echo "bench-full runs in the background: tail -f runs/bench_full.log (make bench-full again resumes it)"
