@@ -50,7 +50,7 @@ def load_runs(folder: Path) -> dict[float, dict]:
         if not rows or "settings" not in rows[0]:
             raise SystemExit(f"{f}: no settings header; not a dflash-jax bench records file")
         s = rows[0]["settings"]
-        ident.add((s["target"], s["drafter_sha256"], s["max_new_tokens"]))
+        ident.add(json.dumps([s["target"], s["drafter_sha256"], s["max_new_tokens"]], sort_keys=True))
         run = runs.setdefault(float(s["temperature"]), {"block_sizes": None, "records": [], "files": []})
         blocks = [int(b) for b in s["block_sizes"]]
         if run["block_sizes"] not in (None, blocks):
@@ -122,7 +122,8 @@ def plot(tab: dict, path: Path) -> None:
         ax.set_xticks(x, names)
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.margins(y=0.25)  # room above the bars for the legend
+        ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -241,7 +241,7 @@ def test_paper_table_pools_turns_per_temperature_and_picks_the_best_block(tmp_pa
         return r
 
     def write(name, temperature, block_sizes, records, drafter="d1", cut=False):
-        settings = {"target": "t", "drafter_sha256": drafter, "max_new_tokens": 10,
+        settings = {"target": {"name": "t", "sha256": "0"}, "drafter_sha256": drafter, "max_new_tokens": 10,
                     "temperature": temperature, "block_sizes": block_sizes}
         text = "\n".join(json.dumps(x) for x in [{"settings": settings}, *records]) + "\n"
         (tmp_path / f"{name}.records.jsonl").write_text(text + ('{"dataset": "gs' if cut else ""))
