@@ -9,7 +9,8 @@ drafter, target or ``max_new_tokens`` are refused (they would not make one table
 The best block size is chosen per temperature: the block size with the highest speedup over all
 measured turns of that temperature (tau and speedup pooled over turns, as ``bench.summarise``
 computes them: tau = mean committed tokens per target verify, speedup = DFlash / plain decode
-tokens/s). Row ``all`` pools every turn of every set.
+tokens/s). Row ``all`` pools every turn of every set; a set with several turns (MT-Bench) also
+gets a row of its first turns alone.
 
     .venv/bin/python launch/paper_table.py docs/bench/full --out docs/bench/full/paper_table
 
@@ -81,10 +82,13 @@ def table(runs: dict[float, dict]) -> dict:
             columns.append((t, best, f"best block ({best})"))
     present = {r["dataset"] for run in runs.values() for r in run["records"]}
     datasets = [d for d in ORDER if d in present] + sorted(present - set(ORDER))
-    rows = {}
-    for d in datasets + ["all"]:
-        rows[d] = [bench.summarise([r for r in runs[t]["records"] if d in ("all", r["dataset"])], b)
-                   for t, b, _ in columns]
+    groups = {d: lambda r, d=d: r["dataset"] == d for d in datasets}
+    multi = {r["dataset"] for run in runs.values() for r in run["records"] if r["turn"] > 0}
+    for d in [d for d in datasets if d in multi]:  # MT-Bench: first turns alone too (no earlier reply in context)
+        groups[f"{d} (first turns)"] = lambda r, d=d: r["dataset"] == d and r["turn"] == 0
+    groups["all"] = lambda r: True
+    rows = {name: [bench.summarise([r for r in runs[t]["records"] if keep(r)], b) for t, b, _ in columns]
+            for name, keep in groups.items()}
     return {"columns": columns, "rows": rows}
 
 

@@ -232,8 +232,8 @@ def test_paper_table_pools_turns_per_temperature_and_picks_the_best_block(tmp_pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
     import paper_table
 
-    def rec(dataset, plain_s, **blocks):
-        r = {"dataset": dataset, "id": "0", "turn": 0, "loops": False,
+    def rec(dataset, plain_s, turn=0, **blocks):
+        r = {"dataset": dataset, "id": "0", "turn": turn, "loops": False,
              "plain": {"tokens": 11, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0}}
         for b, (decode_s, acc) in blocks.items():
             r[b] = {"tokens": 11, "decode_s": decode_s, "prefill_s": 0.1, "compile_s": 0.0,
@@ -246,17 +246,19 @@ def test_paper_table_pools_turns_per_temperature_and_picks_the_best_block(tmp_pa
         text = "\n".join(json.dumps(x) for x in [{"settings": settings}, *records]) + "\n"
         (tmp_path / f"{name}.records.jsonl").write_text(text + ('{"dataset": "gs' if cut else ""))
 
-    # plain 10 tok/s on both; block 4 pooled 20 tokens / 1.5 s (1.33x) beats block 16's 20 / 2.4 s (0.83x)
+    # plain 10 tok/s everywhere; block 4 pooled 30 tokens / 2.0 s (1.50x) beats block 16's 30 / 2.9 s (1.03x)
     write("t0_gsm8k", 0.0, [4, 16], [rec("gsm8k", 1.0, b4=(0.5, [2, 4, 4]), b16=(0.4, [5, 5]))], cut=True)
-    write("t0_mt-bench", 0.0, [4, 16], [rec("mt-bench", 1.0, b4=(1.0, [1, 1, 4, 4]), b16=(2.0, [10]))])
+    write("t0_mt-bench", 0.0, [4, 16], [rec("mt-bench", 1.0, b4=(1.0, [1, 1, 4, 4]), b16=(2.0, [10])),
+                                        rec("mt-bench", 1.0, turn=1, b4=(0.5, [4, 4, 2]), b16=(0.5, [10]))])
     write("t1_gsm8k", 1.0, [16], [rec("gsm8k", 2.0, b16=(1.0, [2, 8]))])
     assert paper_table.main([str(tmp_path)]) == 0
     lines = (tmp_path / "paper_table.md").read_text().splitlines()
     assert lines[0].startswith("| prompt set | T=0, block 16: tau | speedup | turns | T=0, best block (4): tau")
-    rows = {r[0]: r[1:] for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:5])}
+    rows = {r[0]: r[1:] for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:6])}
     assert rows["gsm8k"] == ["5.00", "2.50x", "1", "3.33", "2.00x", "1", "5.00", "2.00x", "1"]
-    assert rows["mt-bench"] == ["10.00", "0.50x", "1", "2.50", "1.00x", "1", "-", "-", "0"]
-    assert rows["**all**"] == ["6.67", "0.83x", "2", "2.86", "1.33x", "2", "5.00", "2.00x", "1"]
+    assert rows["mt-bench"] == ["10.00", "0.80x", "2", "2.86", "1.33x", "2", "-", "-", "0"]
+    assert rows["mt-bench (first turns)"] == ["10.00", "0.50x", "1", "2.50", "1.00x", "1", "-", "-", "0"]
+    assert rows["**all**"] == ["7.50", "1.03x", "3", "3.00", "1.50x", "3", "5.00", "2.00x", "1"]
     assert (tmp_path / "paper_table.png").stat().st_size > 0
     assert json.loads((tmp_path / "paper_table.json").read_text())["columns"][1]["block_size"] == 4
     write("t1_mbpp", 1.0, [16], [rec("mbpp", 1.0, b16=(1.0, [10]))], drafter="d2")
