@@ -253,6 +253,26 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def read_records(path: str | Path) -> tuple[dict, list[dict]]:
+    """Read a ``.records.jsonl`` file without changing it: ``(settings, records)``.
+
+    A line cut by a killed run is skipped, as a resumed ``run`` drops it (the file may still be
+    being appended to).
+
+    Raises:
+      BenchError: the file has no settings header (not the records file beside a ``--json-out``).
+    """
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if not rows or not isinstance(rows[0], dict) or "settings" not in rows[0]:
+        raise BenchError(f"{path} is not a bench records file (the .records.jsonl beside a --json-out file)")
+    return rows[0]["settings"], [r for r in rows[1:] if isinstance(r, dict)]
+
+
 def _open_records(path: Path, settings: dict) -> list[dict]:
     key = settings_key(settings)
     if not path.exists():

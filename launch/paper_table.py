@@ -34,7 +34,7 @@ ORDER = list(bench.DATASETS)
 
 def load_runs(folder: Path) -> dict[float, dict]:
     """``{temperature: {"block_sizes": [...], "records": [...], "files": [...]}}`` from the folder's
-    records files (a line cut by a killed run is skipped, as ``bench`` does on resume)."""
+    records files (``bench.read_records``: a line cut by a killed run is skipped)."""
     runs: dict[float, dict] = {}
     ident = set()
     files = sorted(folder.glob("*.records.jsonl"))
@@ -42,15 +42,10 @@ def load_runs(folder: Path) -> dict[float, dict]:
         raise SystemExit(f"no *.records.jsonl in {folder}: run `make bench-full` (or dflash-jax bench "
                          f"--json-out {folder}/NAME.json) first")
     for f in files:
-        rows = []
-        for line in f.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        if not rows or "settings" not in rows[0]:
-            raise SystemExit(f"{f}: no settings header; not a dflash-jax bench records file")
-        s = rows[0]["settings"]
+        try:
+            s, records = bench.read_records(f)
+        except bench.BenchError as e:
+            raise SystemExit(str(e)) from None
         ident.add(json.dumps([s["target"], s["drafter_sha256"], s["max_new_tokens"]], sort_keys=True))
         run = runs.setdefault(float(s["temperature"]), {"block_sizes": None, "records": [], "files": []})
         blocks = [int(b) for b in s["block_sizes"]]
@@ -58,7 +53,7 @@ def load_runs(folder: Path) -> dict[float, dict]:
             raise SystemExit(f"{f}: block sizes {blocks}, but another run at temperature {s['temperature']} "
                              f"used {run['block_sizes']}; one temperature, one set of block sizes")
         run["block_sizes"] = blocks
-        run["records"] += rows[1:]
+        run["records"] += records
         run["files"].append(f)
     if len(ident) > 1:
         raise SystemExit(f"{folder} mixes runs of different targets, drafters or max_new_tokens: {sorted(ident)}")

@@ -14,7 +14,6 @@ was identical to them (always at temperature 0 in float32; the others are refuse
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
+
+from dflash_jax import bench  # noqa: E402
 
 
 def rounds(acceptance_lengths):
@@ -56,17 +57,12 @@ def main():
 
     if args.bucket < 1:
         sys.exit("--bucket must be at least 1")
-    rows = []
-    for line in args.records.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a killed run (bench drops these too)
-            continue
-    if not rows or not isinstance(rows[0], dict) or "settings" not in rows[0]:
-        sys.exit(f"{args.records} is not a bench records file (the .records.jsonl beside a --json-out file)")
-    settings = rows[0]["settings"]
+    try:
+        settings, rows = bench.read_records(args.records)
+    except bench.BenchError as e:
+        sys.exit(str(e))
     key = f"b{args.block_size}"
-    records = [r for r in rows[1:] if isinstance(r, dict) and r.get(key, {}).get("acceptance_lengths")]
+    records = [r for r in rows if r.get(key, {}).get("acceptance_lengths")]
     if not records:
         sys.exit(f"{args.records} has no speculative records at block size {args.block_size} "
                  f"(its block sizes: {settings.get('block_sizes')})")
