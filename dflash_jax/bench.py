@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_jax.data import GSM8K_SUFFIX, MBPP_EVAL_IDS, DataError, loops, read_rows
+from dflash_jax.utils import read_jsonl
 
 DATASETS = {
     "gsm8k": "gsm8k_test.jsonl",
@@ -262,12 +263,7 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
     Raises:
       BenchError: the file has no settings header (not the records file beside a ``--json-out``).
     """
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    rows, _ = read_jsonl(path)
     if not rows or not isinstance(rows[0], dict) or "settings" not in rows[0]:
         raise BenchError(f"{path} is not a bench records file (the .records.jsonl beside a --json-out file)")
     return rows[0]["settings"], [r for r in rows[1:] if isinstance(r, dict)]
@@ -279,24 +275,16 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    try:
-        header = json.loads(lines[0])
-    except (IndexError, json.JSONDecodeError):
-        header = {}
-    if not header and len(lines) <= 1:  # a header cut by a kill before any record: start afresh
+    rows, skipped = read_jsonl(path)  # a line cut by a kill is dropped, and its turn measured again
+    header = rows[0] if rows and isinstance(rows[0], dict) and "settings_key" in rows[0] else {}
+    if not rows:  # a header cut by a kill before any record: start afresh
         path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
         return []
     if header.get("settings_key") != key:
         raise BenchError(f"{path} holds records of a run with other settings ({header.get('settings')}); "
                          "pass another --json-out, or delete the file to start over")
-    recs = []
-    for line in lines[1:]:
-        try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: dropped, and its turn measured again
-            pass
-    if len(recs) != len(lines) - 1 or not path.read_text(encoding="utf-8").endswith("\n"):
+    recs = rows[1:]
+    if skipped or not path.read_text(encoding="utf-8").endswith("\n"):
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in [header, *recs]))
         os.replace(tmp, path)

@@ -38,6 +38,7 @@ from dflash_jax.checkpoint import CheckpointError
 from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
 from dflash_jax.sharding import make_mesh
 from dflash_jax.target import ConfigError, TargetConfig
+from dflash_jax.utils import read_jsonl
 
 Array = jax.Array
 
@@ -492,17 +493,10 @@ class Trainer:
     # -- metrics log: entries past the resumed step (written after the last checkpoint) are dropped
     def _open_log(self):
         path = self.out / "metrics.jsonl"
-        keep = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if rec.get("step", 0) <= self.step:
-                    keep.append(line)
+        rows = read_jsonl(path)[0] if path.exists() else []  # a line cut by a kill is dropped
+        keep = [r for r in rows if r.get("step", 0) <= self.step]
         tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, path)
         return open(path, "a")
 

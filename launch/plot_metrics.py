@@ -11,18 +11,16 @@ real decode ``val_decode_tau``) against the step.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from dflash_jax.utils import read_jsonl
+
 
 def load(path: Path) -> list[dict]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            print(f"warning: {path}:{n} is not JSON (cut by a kill?); skipped", file=sys.stderr)
+    rows, skipped = read_jsonl(path)
+    if skipped:
+        print(f"warning: {path}: {skipped} line(s) not JSON (cut by a kill?); skipped", file=sys.stderr)
     if not rows:
         sys.exit(f"error: {path} holds no metrics")
     return rows

@@ -31,18 +31,10 @@ from pathlib import Path
 
 import matplotlib
 
+from dflash_jax.utils import read_jsonl
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a killed run
-            continue
-    return rows
 
 
 def held_out_split(cfg: dict) -> tuple:
@@ -98,7 +90,7 @@ def main(argv=None) -> int:
             if not need.is_file():
                 raise SystemExit(f"{need} not found: --stage takes a run folder (out_dir) and a bench JSON")
         cfg = json.loads((run / "config.json").read_text())
-        metrics = read_jsonl(run / "metrics.jsonl")
+        metrics = read_jsonl(run / "metrics.jsonl")[0]
         val = [(m["step"], m["val_loss"]) for m in metrics if "val_loss" in m]
         if not val:
             raise SystemExit(f"{run}/metrics.jsonl has no validation loss; the run never validated")

@@ -125,6 +125,14 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     again = json.loads(out.read_text())["records"]
     assert len(again) == 5 and [r["plain"]["tokens"] for r in again[:2]] == [r["plain"]["tokens"] for r in recs[:2]]
 
+    # a run over fewer prompts and turns (as bench-full's passes differ) reuses the records: nothing
+    # is measured, nothing is dropped, and the report covers only the prompts asked for
+    before = records.read_text()
+    main([*argv, "--max-samples", "1", "--max-turns", "1"])
+    fewer = json.loads(out.read_text())["records"]
+    assert sorted((r["dataset"], r["turn"]) for r in fewer) == [("gsm8k", 0), ("mt-bench", 0)]
+    assert records.read_text() == before
+
     # other settings into the same records: refused, nothing lost
     with pytest.raises(SystemExit, match="other settings"):
         main([*argv[:8], "--max-new-tokens", "10", "--block-size", "4", "--json-out", str(out), "--no-progress"])
