@@ -267,6 +267,9 @@ def test_paper_table_pools_turns_per_temperature_and_picks_the_best_block(tmp_pa
     assert rows["mt-bench"] == ["10.00", "0.80x", "2", "2.86", "1.33x", "2", "-", "-", "0"]
     assert rows["mt-bench (first turns)"] == ["10.00", "0.50x", "1", "2.50", "1.00x", "1", "-", "-", "0"]
     assert rows["**all**"] == ["7.50", "1.03x", "3", "3.00", "1.50x", "3", "5.00", "2.00x", "1"]
+    text = (tmp_path / "paper_table.md").read_text()
+    assert text.count("`identical` is no check here") == 1  # said under the T=1 table only
+    assert text.index("Temperature 1") < text.index("`identical` is no check here")
     assert (tmp_path / "paper_table.png").stat().st_size > 0
     assert json.loads((tmp_path / "paper_table.json").read_text())["columns"][1]["block_size"] == 4
     write("t1_mbpp", 1.0, [16], [rec("mbpp", 1.0, b16=(1.0, [10]))], drafter="d2")
