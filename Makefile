@@ -34,8 +34,8 @@ bench: $(STAMP)
 		--json-out docs/bench/quick.json
 
 # The paper-shape table (greedy at blocks 4, 8, 16 and temperature 1 at blocks 4 and 16): pass 1 fills every
-# cell (issue 5's sets in full, 20 turns of the rest; about 4 h on 2 CPU cores), pass 2 the full counts (100
-# prompts per set, all of HumanEval and MT-Bench; about 6 h more). It runs in the background (log in
+# cell (issue 5's sets in full, 20 turns of the rest; about 5 h on 2 CPU cores), pass 2 the full counts (100
+# prompts per set, all of HumanEval and MT-Bench; about 8.5 h more). It runs in the background (log in
 # runs/bench_full.log) and resumes when started again; docs/bench/full/paper_table.md is the table.
 bench-full: $(STAMP)
 	mkdir -p runs && nohup launch/bench_full.sh > runs/bench_full.log 2>&1 &

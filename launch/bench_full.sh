@@ -5,8 +5,8 @@
 # this script again resumes it, and a run with more prompts reuses the records of a run with fewer.
 #   pass 1: issue 5's measurement (greedy: 100 GSM8K, all 164 HumanEval, all 80 MT-Bench first turns),
 #           then 20 turns of every other set and temperature (MT-Bench: 10 questions, both turns), so
-#           every cell of the table is filled early (about 4 h on 2 CPU cores in all);
-#   pass 2: the full counts (100 prompts per set, all of HumanEval and MT-Bench; about 6 h more).
+#           every cell of the table is filled early (about 5 h on 2 CPU cores in all);
+#   pass 2: the full counts (100 prompts per set, all of HumanEval and MT-Bench; about 8.5 h more).
 # docs/bench/full/paper_table.md is rewritten after every run (turn counts in its cells).
 #   make bench-full            (background; log in runs/bench_full.log)
 set -euo pipefail

@@ -111,14 +111,14 @@ def plot(tab: dict, path: Path) -> None:
     cols = tab["columns"]
     x = np.arange(len(names))
     width = 0.8 / max(len(cols), 1)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5))
     for ax, key, ylabel in ((axes[0], "tau", "tau (tokens per verify)"), (axes[1], "speedup", "speedup over plain")):
         for j, (t, _, label) in enumerate(cols):
             vals = [tab["rows"][d][j].get(key, 0.0) if tab["rows"][d][j].get("prompts") else 0.0 for d in names]
             ax.bar(x + (j - (len(cols) - 1) / 2) * width, vals, width, label=f"T={t:g}, {label}")
         if key == "speedup":
             ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xticks(x, names)
+        ax.set_xticks(x, [n.replace(" (", "\n(") for n in names])  # "mt-bench\n(first turns)": no overlap
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
         ax.margins(y=0.25)  # room above the bars for the legend
