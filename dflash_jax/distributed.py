@@ -2,7 +2,7 @@
 
 Every process of a job calls ``initialize`` before touching a device; afterwards
 ``jax.devices()`` lists the devices of all hosts, a ``Mesh`` spans them, and ``jax.jit``
-with explicit shardings (``train.sharded_step``) runs one program across the cluster.
+with explicit shardings (``train_step.sharded_step``) runs one program across the cluster.
 On TPU pods, SLURM and GKE the coordinator, process count and process id are detected by
 JAX; elsewhere pass them (``launch/train_hosts.sh`` does it for a plain list of hosts).
 """

@@ -18,6 +18,7 @@ training share every line of the layer code and differ only in the mask they bui
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,8 +27,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from dflash_jax import masks
+from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
-from dflash_jax.target import ConfigError, TargetConfig
+from dflash_jax.target import Target, TargetConfig, write_block
 
 Array = jax.Array
 
@@ -89,8 +91,6 @@ class DrafterConfig:
             raise ConfigError(
                 f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and in [0, {self.num_target_layers})")
         if self.num_target_layers - 1 in self.target_layer_ids:
-            import warnings
-
             warnings.warn(
                 f"target_layer_ids taps the last target layer ({self.num_target_layers - 1}); dflash-jax feeds its raw "
                 "output (SPEC), but dflash==0.1.0 reads Hugging Face hidden_states[L], which is after the final "
@@ -101,7 +101,7 @@ class DrafterConfig:
         return jnp.dtype(self.dtype)
 
     @classmethod
-    def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int, **kw) -> "DrafterConfig":
+    def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int, **kw) -> DrafterConfig:
         """A drafter shaped like ``target`` (its heads, head_dim, MLP width and RoPE), ``num_layers`` deep."""
         ids = kw.pop("target_layer_ids", None) or default_target_layer_ids(target.num_layers, num_layers)
         base = dict(
@@ -116,39 +116,64 @@ class DrafterConfig:
         return cls(**base)
 
     @classmethod
-    def from_released(cls, hf: dict[str, Any], dtype: str = "float32") -> "DrafterConfig":
+    def from_released(cls, hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
         """Read a released DFlash drafter ``config.json`` (``dflash_config`` wins over top-level keys).
 
         Raises:
-          ConfigError: ``num_target_layers`` or ``mask_token_id`` missing, or an unsupported setting.
+          ConfigError: a required field missing (``num_target_layers``, ``mask_token_id``,
+            ``num_hidden_layers``, ...), a field of the wrong type, a DFlash 2 drafter, or an
+            unsupported setting; one line naming the field.
         """
         dcfg = hf.get("dflash_config") or {}
+        if not isinstance(dcfg, dict):
+            raise ConfigError("drafter config.json: dflash_config must be an object")
+        arch = hf.get("architectures") or []
+        if any("DFlash2" in str(a) for a in arch):
+            raise ConfigError(f"drafter config.json is a DFlash 2 drafter ({arch[0]}); this version of dflash-jax reads "
+                              "DFlash (DFlashDraftModel) drafters only, so it refuses rather than run it as one")
 
         def get(name, default=None):
             return dcfg.get(name, hf.get(name, default))
+
+        def number(name, kind=int, default=None, top_only=False):
+            value = hf.get(name, default) if top_only else get(name, default)
+            if value is None:
+                raise ConfigError(f"drafter config.json has no {name}" + ("" if top_only else
+                                                                          " (in dflash_config or at the top level)"))
+            try:
+                if kind is int and (isinstance(value, bool) or float(value) != int(value)):
+                    raise ValueError
+                return kind(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"drafter config.json: {name} must be {'an integer' if kind is int else 'a number'}, "
+                                  f"got {value!r}") from None
 
         if "num_target_layers" not in hf and "num_target_layers" not in dcfg:
             raise ConfigError("drafter config.json has no num_target_layers (required by the released format)")
         if get("mask_token_id") is None:
             raise ConfigError("drafter config.json has no mask_token_id (in dflash_config or at the top level)")
+        n = number("num_hidden_layers", top_only=True)
+        for name in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads"):
+            number(name, top_only=True)  # a clear error before the config is read further
         rope = TargetConfig.from_hf({**hf, "model_type": "qwen3", "use_sliding_window": False,
-                                     "layer_types": None, "num_hidden_layers": hf["num_hidden_layers"]})
-        n = int(hf["num_hidden_layers"])
-        ids = get("target_layer_ids") or default_target_layer_ids(int(get("num_target_layers")), n)
+                                     "layer_types": None, "num_hidden_layers": n})
+        ids = get("target_layer_ids") or default_target_layer_ids(number("num_target_layers"), n)
+        if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ConfigError(f"drafter config.json: target_layer_ids must be a list of integers, got {ids!r}")
         softcap = get("final_logit_softcapping")
         return cls(
-            hidden_size=int(hf["hidden_size"]), intermediate_size=int(hf["intermediate_size"]), num_layers=n,
-            num_heads=rope.num_heads, num_kv_heads=rope.num_kv_heads, head_dim=rope.head_dim,
-            vocab_size=int(hf["vocab_size"]), num_target_layers=int(get("num_target_layers")),
-            target_layer_ids=tuple(int(i) for i in ids), block_size=int(get("block_size", 16)),
-            mask_token_id=int(get("mask_token_id")), rms_norm_eps=rope.rms_norm_eps, rope_theta=rope.rope_theta,
+            hidden_size=number("hidden_size", top_only=True), intermediate_size=number("intermediate_size", top_only=True),
+            num_layers=n, num_heads=rope.num_heads, num_kv_heads=rope.num_kv_heads, head_dim=rope.head_dim,
+            vocab_size=number("vocab_size", top_only=True), num_target_layers=number("num_target_layers"),
+            target_layer_ids=tuple(ids), block_size=number("block_size", default=16),
+            mask_token_id=number("mask_token_id"), rms_norm_eps=rope.rms_norm_eps, rope_theta=rope.rope_theta,
             rope_scaling=rope.rope_scaling, layer_types=tuple(hf.get("layer_types") or ()),
             sliding_window=hf.get("sliding_window") if "sliding_attention" in (hf.get("layer_types") or ()) else None,
             attention_bias=bool(hf.get("attention_bias", False)),
-            input_embedding_scale=float(get("input_embedding_scale", 1.0)),
-            output_multiplier=float(get("output_multiplier", 1.0)),
-            final_logit_softcapping=float(softcap) if softcap else None,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 40960)), dtype=dtype,
+            input_embedding_scale=number("input_embedding_scale", float, 1.0),
+            output_multiplier=number("output_multiplier", float, 1.0),
+            final_logit_softcapping=number("final_logit_softcapping", float) if softcap else None,
+            max_position_embeddings=number("max_position_embeddings", default=40960, top_only=True), dtype=dtype,
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:
@@ -283,28 +308,53 @@ class Drafter(nn.Module):
         return self(block_emb, positions, kv, masks)
 
 
-def init_drafter_params(cfg: DrafterConfig, seed: int = 0):
-    """Random drafter parameters (plain pytree, float32)."""
+def _variables(cfg: DrafterConfig, seed: int = 0):
+    """The one trace of ``Drafter.init`` (boxed variables with logical axis names)."""
     n = len(cfg.target_layer_ids) * cfg.hidden_size
     feats = jnp.zeros((1, 2, n), jnp.float32)
     emb = jnp.zeros((1, cfg.block_size, cfg.hidden_size), jnp.float32)
     pos = jnp.zeros((1, cfg.block_size), jnp.int32)
-    variables = Drafter(cfg).init(jax.random.PRNGKey(seed), feats, emb, pos, method=Drafter.init_all)
-    return nn.meta.unbox(variables)["params"]
+    return Drafter(cfg).init(jax.random.PRNGKey(seed), feats, emb, pos, method=Drafter.init_all)
+
+
+def init_drafter_params(cfg: DrafterConfig, seed: int = 0):
+    """Random drafter parameters (plain pytree, float32)."""
+    return nn.meta.unbox(_variables(cfg, seed))["params"]
+
+
+def drafter_param_shapes(cfg: DrafterConfig):
+    """``jax.ShapeDtypeStruct`` pytree of ``init_drafter_params(cfg)`` (traced; nothing is computed)."""
+    return jax.eval_shape(lambda: init_drafter_params(cfg))
 
 
 def drafter_logical_specs(cfg: DrafterConfig):
     """Pytree of logical ``PartitionSpec`` matching ``init_drafter_params(cfg)`` (for ``sharding``)."""
-    n = len(cfg.target_layer_ids) * cfg.hidden_size
-    args = (jnp.zeros((1, 2, n)), jnp.zeros((1, cfg.block_size, cfg.hidden_size)), jnp.zeros((1, cfg.block_size), jnp.int32))
-    boxed = jax.eval_shape(lambda: Drafter(cfg).init(jax.random.PRNGKey(0), *args, method=Drafter.init_all))
-    return nn.get_partition_spec(boxed)["params"]
+    return nn.get_partition_spec(jax.eval_shape(lambda: _variables(cfg)))["params"]
+
+
+def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Released tensor name -> (our param path, transpose?): the one place that names this module's
+    parameters in the released DFlash format (SPEC "Released drafter format"; ``drafter_io`` reads
+    and writes through it). Ours use the same names with ``layers_{i}`` and ``[in, out]`` kernels."""
+    names = {"norm.weight": (("norm", "scale"), False), "fc.weight": (("fc",), True),
+             "hidden_norm.weight": (("hidden_norm", "scale"), False)}
+    for i in range(cfg.num_layers):
+        r, o = f"layers.{i}.", (f"layers_{i}",)
+        for p in "qkvo":
+            names[f"{r}self_attn.{p}_proj.weight"] = ((*o, "self_attn", f"{p}_proj"), True)
+            if cfg.attention_bias:
+                names[f"{r}self_attn.{p}_proj.bias"] = ((*o, "self_attn", f"{p}_bias"), False)
+        for p in "qk":
+            names[f"{r}self_attn.{p}_norm.weight"] = ((*o, "self_attn", f"{p}_norm", "scale"), False)
+        for p in ("gate", "up", "down"):
+            names[f"{r}mlp.{p}_proj.weight"] = ((*o, "mlp", f"{p}_proj"), True)
+        for p in ("input_layernorm", "post_attention_layernorm"):
+            names[f"{r}{p}.weight"] = ((*o, p, "scale"), False)
+    return names
 
 
 def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
     """Target LM head on drafter outputs, then ``output_multiplier`` and the optional tanh soft-cap (float32)."""
-    from dflash_jax.target import Target
-
     logits = Target(target_cfg).apply({"params": target_params}, hidden, method="logits") * cfg.output_multiplier
     if cfg.final_logit_softcapping:
         cap = cfg.final_logit_softcapping
@@ -314,8 +364,6 @@ def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: Dr
 
 def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
     """Target embeddings of the block tokens times ``input_embedding_scale``."""
-    from dflash_jax.target import Target
-
     return Target(target_cfg).apply({"params": target_params}, tokens, method="embed") * cfg.input_embedding_scale
 
 
@@ -353,16 +401,17 @@ class DraftStep:
 
     def write_context(self, params, cache, feats: Array, start: Array):
         """Project target features ``[B, C, n_taps * d]`` of positions ``start .. start+C-1`` into the cache."""
-        from dflash_jax.target import write_block
-
         model = Drafter(self.cfg)
         ctx = model.apply({"params": params}, feats, method=Drafter.fuse)
         positions = start[:, None] + jnp.arange(feats.shape[1])
         kv = model.apply({"params": params}, ctx, positions, method=Drafter.context_kv)
         return [(write_block(ck, k, start), write_block(cv, v, start)) for (ck, cv), (k, v) in zip(cache, kv)]
 
-    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
-        """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``."""
+    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
+               *, tokens: Array | None = None):
+        """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``.
+
+        ``tokens`` (the loop's token buffer, part of the draft-step protocol) is not used."""
         b = anchor.shape[0]
         block = jnp.full((b, block_len), self.cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
@@ -371,8 +420,11 @@ class DraftStep:
         hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
         return draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
 
-    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int):
-        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``."""
+    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
+              *, tokens: Array | None = None):
+        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``.
+
+        ``tokens`` is not used (as in ``logits``)."""
         logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 

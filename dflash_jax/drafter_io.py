@@ -1,11 +1,14 @@
-"""Drafter checkpoints in the released DFlash format (``config.json`` + ``model.safetensors``).
+"""Drafter checkpoints: ours (orbax) and the released DFlash format (``config.json`` + ``model.safetensors``).
 
 The released format is what ``dflash==0.1.0`` (``dflash.model.DFlashDraftModel``) loads:
 PyTorch ``Linear`` weights ``[out, in]`` under ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
 ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``, ``fc.weight``,
 ``hidden_norm.weight``. Our parameter pytree uses the same names with ``layers_{i}`` and
-``[in, out]`` kernels, so the mapping is a rename plus a transpose.
+``[in, out]`` kernels, so the mapping (``drafter.released_names``) is a rename plus a transpose.
+
+``drafter_for`` turns what a user passes as ``--drafter`` (a folder, ``auto``, ``random``,
+``none``) into the drafter the decoder takes, checked against the target.
 """
 
 from __future__ import annotations
@@ -13,37 +16,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
+import ml_dtypes
 import numpy as np
+import orbax.checkpoint as ocp
+from safetensors.numpy import save_file
 
-from dflash_jax.checkpoint import CheckpointError, atomic_folder, read_json
-from dflash_jax.drafter import DrafterConfig
-
-
-def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
-    """Released tensor name -> (our param path, transpose?)."""
-    names = {"norm.weight": (("norm", "scale"), False), "fc.weight": (("fc",), True),
-             "hidden_norm.weight": (("hidden_norm", "scale"), False)}
-    for i in range(cfg.num_layers):
-        r, o = f"layers.{i}.", (f"layers_{i}",)
-        for p in "qkvo":
-            names[f"{r}self_attn.{p}_proj.weight"] = ((*o, "self_attn", f"{p}_proj"), True)
-            if cfg.attention_bias:
-                names[f"{r}self_attn.{p}_proj.bias"] = ((*o, "self_attn", f"{p}_bias"), False)
-        for p in "qk":
-            names[f"{r}self_attn.{p}_norm.weight"] = ((*o, "self_attn", f"{p}_norm", "scale"), False)
-        for p in ("gate", "up", "down"):
-            names[f"{r}mlp.{p}_proj.weight"] = ((*o, "mlp", f"{p}_proj"), True)
-        for p in ("input_layernorm", "post_attention_layernorm"):
-            names[f"{r}{p}.weight"] = ((*o, p, "scale"), False)
-    return names
+from dflash_jax import hub
+from dflash_jax.checkpoint import TargetCheckpoint, restore_params
+from dflash_jax.drafter import DrafterConfig, check_fits, drafter_param_shapes, init_drafter_params, released_names
+from dflash_jax.errors import CheckpointError
+from dflash_jax.sharding import placed
+from dflash_jax.tokens import mask_token_id
+from dflash_jax.utils import META_FILE, atomic_folder, read_json, read_safetensors
 
 
 def export_released(params, cfg: DrafterConfig, out: str | Path, *, dtype: str = "float32",
                     target_identity: dict | None = None, overwrite: bool = False) -> Path:
     """Write ``params`` as a released-format drafter folder (atomic). ``dtype``: float32 or bfloat16."""
-    import ml_dtypes
-    from safetensors.numpy import save_file
-
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
     tensors = {}
     for name, (path, transpose) in released_names(cfg).items():
@@ -52,7 +42,7 @@ def export_released(params, cfg: DrafterConfig, out: str | Path, *, dtype: str =
             x = x[k]
         x = np.asarray(x, np.float32)
         tensors[name] = np.ascontiguousarray(x.T if transpose else x).astype(np_dtype)
-    with atomic_folder(Path(out), overwrite) as tmp:
+    with atomic_folder(Path(out), overwrite, kind="released-drafter") as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         config = cfg.to_released(target_identity)
         config["torch_dtype"] = dtype
@@ -67,47 +57,18 @@ def import_released(folder: str | Path, dtype: str = "float32"):
       CheckpointError: missing files or tensors, or a tensor of the wrong shape (named).
       ConfigError: the config lacks a required field or asks for something unsupported.
     """
-    from safetensors import safe_open
-
     folder = Path(folder)
     raw = read_json(folder / "config.json")
     cfg = DrafterConfig.from_released(raw, dtype=dtype)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors in {folder}")
-    names = released_names(cfg)
-    params: dict = {}
-    found = set()
-    for f in files:
-        with safe_open(str(f), framework="numpy") as h:
-            for name in h.keys():
-                if name not in names:
-                    continue
-                path, transpose = names[name]
-                x = np.asarray(h.get_tensor(name)).astype(np.float32)
-                x = x.T if transpose else x
-                node = params
-                for k in path[:-1]:
-                    node = node.setdefault(k, {})
-                node[path[-1]] = x
-                found.add(name)
-    missing = sorted(set(names) - found)
-    if missing:
-        raise CheckpointError(f"{len(missing)} drafter tensor(s) missing from {folder}, first: {missing[0]}")
-    _check_shapes(params, cfg, folder)
+    params, unused = read_safetensors(files, released_names(cfg), drafter_param_shapes(cfg))
+    if unused:
+        raise CheckpointError(f"{len(unused)} tensor(s) in {folder} that a {cfg.num_layers}-layer DFlash drafter does "
+                              f"not have, first: {sorted(unused)[0]} (another drafter kind, such as DFlash 2, or a "
+                              "config that does not match the weights)")
     return params, cfg, raw
-
-
-def _check_shapes(params, cfg: DrafterConfig, folder: Path) -> None:
-    import jax
-
-    from dflash_jax.drafter import init_drafter_params
-
-    want = jax.eval_shape(lambda: init_drafter_params(cfg))
-    for (path, w), (_, g) in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree_util.tree_leaves_with_path(params)):
-        if tuple(w.shape) != tuple(g.shape):
-            raise CheckpointError(
-                f"drafter tensor {jax.tree_util.keystr(path)} in {folder} has shape {g.shape}, expected {w.shape}")
 
 
 # --- our own (orbax) drafter checkpoints ------------------------------------------------------
@@ -122,13 +83,8 @@ def save_drafter(params, cfg: DrafterConfig, out: str | Path, *, target_identity
 
     Only the drafter's own parameters are stored; the embedding and LM head stay in the target.
     """
-    import jax
-    import orbax.checkpoint as ocp
-
-    from dflash_jax.checkpoint import META_FILE
-
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-    with atomic_folder(Path(out), overwrite) as tmp:
+    with atomic_folder(Path(out), overwrite, kind="drafter") as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg.to_released(target_identity), indent=2))
         # host numpy arrays, written by this process alone (in a multi-host job only process 0 exports)
         only_me = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
@@ -152,11 +108,6 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
       CheckpointError: not a drafter folder, or missing/partial/mis-shaped tensors (named).
       ConfigError: an unsupported or incomplete drafter config.
     """
-    import jax
-
-    from dflash_jax.checkpoint import META_FILE, restore_params
-    from dflash_jax.drafter import init_drafter_params
-
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"drafter folder {folder} does not exist")
@@ -174,8 +125,39 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
         raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
                               " (is this a target checkpoint? pass it as --target)")
     cfg = DrafterConfig.from_released(read_json(folder / "config.json"), dtype=dtype)
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one),
-                            jax.eval_shape(lambda: init_drafter_params(cfg)))
-    params = restore_params(folder / "params", abstract)
+    params = restore_params(folder / "params", placed(drafter_param_shapes(cfg)))
     return params, cfg, meta.get("target_identity")
+
+
+# --- what --drafter names ------------------------------------------------------------------
+
+
+def resolve_drafter(spec: str, ck: TargetCheckpoint) -> str:
+    """``auto`` -> the folder of the drafter shipped for this target (``hub.SHIPPED_DRAFTERS``),
+    else ``none``; any other value is returned as it is."""
+    if spec != "auto":
+        return spec
+    found = hub.shipped_drafter(ck.identity)
+    return str(found) if found is not None else "none"
+
+
+def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0):
+    """The ``(params, DrafterConfig)`` that ``--drafter spec`` names for target ``ck``, or None.
+
+    ``none`` -> None; ``auto`` -> the shipped drafter for this target, else None; ``random`` ->
+    a fresh 1-layer drafter (block 16, seeded); else a drafter folder (ours or released format).
+
+    Raises:
+      ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
+        ids, or another target's identity).
+      CheckpointError: not a drafter folder, or a damaged one.
+    """
+    spec = resolve_drafter(spec, ck)
+    if spec == "none":
+        return None
+    if spec == "random":
+        cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=mask_token_id(tok))
+        return init_drafter_params(cfg, seed), cfg
+    params, cfg, identity = load_drafter(spec)
+    check_fits(cfg, ck.cfg, identity, ck.identity)
+    return params, cfg

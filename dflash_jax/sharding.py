@@ -19,6 +19,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dflash_jax.errors import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
@@ -53,15 +55,15 @@ def make_mesh(shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | 
       devices: devices to use (default: ``jax.devices()``, the first ``prod(shape)``).
 
     Raises:
-      ValueError: if ``shape`` is not three positive ints or there are too few devices.
+      ConfigError: ``shape`` is not three positive ints, or there are too few devices.
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"mesh shape must be three positive ints (data, fsdp, tensor), got {shape}")
+        raise ConfigError(f"mesh shape must be three positive ints (data, fsdp, tensor), got {shape}")
     devices = list(jax.devices() if devices is None else devices)
     need = int(np.prod(shape))
     if need > len(devices):
-        raise ValueError(
+        raise ConfigError(
             f"mesh {shape} needs {need} devices but only {len(devices)} are visible; on CPU set "
             "XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax"
         )
@@ -86,3 +88,26 @@ def named_sharding(mesh: Mesh, *axes: str | None) -> NamedSharding:
 def axis_rules():
     """Context manager that activates the table for ``nn.with_logical_constraint``."""
     return nn.logical_axis_rules(LOGICAL_AXIS_RULES)
+
+
+def placed(shapes, mesh: Mesh | None = None, logical_specs=None, dtype=None):
+    """``shapes`` (a pytree of ``ShapeDtypeStruct``) with a sharding on every leaf, to restore into.
+
+    With ``mesh``: laid out by the table from ``logical_specs`` (a matching pytree of logical
+    ``PartitionSpec``); without: on the first device (so orbax returns device arrays, not numpy
+    copies). ``dtype``: cast every leaf (default: keep each leaf's).
+    """
+    if mesh is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=one), shapes)
+    shardings = logical_to_sharding(logical_specs, mesh)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=sh), shapes, shardings)
+
+
+def batch_shardings(mesh: Mesh, features: bool = False) -> dict[str, NamedSharding]:
+    """Shardings of a training batch ``[accum, b, T]`` (``tokens``, ``loss_mask``; with ``features``
+    also ``features`` ``[accum, b, T, F]``): rows split over ``data`` x ``fsdp``, the rest whole."""
+    out = {k: named_sharding(mesh, None, "batch", "length") for k in ("tokens", "loss_mask")}
+    if features:
+        out["features"] = named_sharding(mesh, None, "batch", "length", None)
+    return out

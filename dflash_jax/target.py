@@ -1,7 +1,8 @@
 """The target model: a Llama / Qwen2 / Qwen3 decoder in Flax linen, with an explicit KV cache.
 
 Read top to bottom: ``TargetConfig`` (from a Hugging Face ``config.json``),
-``Attention``, ``DecoderLayer``, ``Target``, then the KV-cache helpers.
+``Attention``, ``DecoderLayer``, ``Target``, then the KV-cache and parameter helpers and
+the Hugging Face weight-name map (``hf_param_names``).
 
 KV cache convention: one ``(k, v)`` pair per layer, each ``[B, S, KV, D]`` with a
 static maximum length ``S``; the cache slot of a token **is** its absolute
@@ -23,16 +24,13 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
 
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
-
-
-class ConfigError(ValueError):
-    """A model config asks for something this implementation does not do."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +64,7 @@ class TargetConfig:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> "TargetConfig":
+    def from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
         """Read a Hugging Face ``config.json`` dict; see ``_from_hf``. Any malformed field is a ConfigError."""
         if not isinstance(hf, dict):
             raise ConfigError("config.json must hold a JSON object")
@@ -90,7 +88,7 @@ class TargetConfig:
         return cfg
 
     @classmethod
-    def _from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> "TargetConfig":
+    def _from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
         """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
 
         Raises:
@@ -276,15 +274,53 @@ def init_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=None) -> KVCac
     return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
 
 
+def _variables(cfg: TargetConfig, seed: int = 0):
+    """The one trace of ``Target.init`` (boxed variables with logical axis names)."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return Target(cfg).init(jax.random.PRNGKey(seed), tokens, tokens)
+
+
 def init_params(cfg: TargetConfig, seed: int = 0):
     """Random parameters (plain pytree, float32) for tests and benchmarks."""
-    model = Target(cfg)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return nn.meta.unbox(model.init(jax.random.PRNGKey(seed), tokens, tokens))["params"]
+    return nn.meta.unbox(_variables(cfg, seed))["params"]
+
+
+def param_shapes(cfg: TargetConfig):
+    """``jax.ShapeDtypeStruct`` pytree of ``init_params(cfg)`` (traced; nothing is computed)."""
+    return jax.eval_shape(lambda: init_params(cfg))
 
 
 def param_logical_specs(cfg: TargetConfig):
     """Pytree of logical ``PartitionSpec`` matching ``init_params(cfg)``."""
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    boxed = jax.eval_shape(lambda: Target(cfg).init(jax.random.PRNGKey(0), tokens, tokens))
-    return nn.get_partition_spec(boxed)["params"]
+    return nn.get_partition_spec(jax.eval_shape(lambda: _variables(cfg)))["params"]
+
+
+# ----------------------------------------------------------------------------- Hugging Face names
+
+
+def hf_param_names(cfg: TargetConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Map each HF tensor name to (our param path, transpose?): PyTorch ``Linear`` weights are ``[out, in]``.
+
+    The one place that names this module's parameters in Hugging Face's convention
+    (``checkpoint.load_hf_params`` reads through it)."""
+    names: dict[str, tuple[tuple[str, ...], bool]] = {"model.embed_tokens.weight": (("embedding",), False)}
+    names["model.norm.weight"] = (("final_norm", "scale"), False)
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = (("lm_head",), True)
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}.", (f"layers_{i}",)
+        for p in "qkvo":
+            names[f"{hf}self_attn.{p}_proj.weight"] = ((*ours, "attn", f"{p}_proj"), True)
+        if cfg.qkv_bias:
+            for p in "qkv":
+                names[f"{hf}self_attn.{p}_proj.bias"] = ((*ours, "attn", f"{p}_bias"), False)
+        if cfg.o_bias:
+            names[f"{hf}self_attn.o_proj.bias"] = ((*ours, "attn", "o_bias"), False)
+        if cfg.qk_norm:
+            names[f"{hf}self_attn.q_norm.weight"] = ((*ours, "attn", "q_norm", "scale"), False)
+            names[f"{hf}self_attn.k_norm.weight"] = ((*ours, "attn", "k_norm", "scale"), False)
+        for p in ("gate", "up", "down"):
+            names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
+        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
+        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
+    return names

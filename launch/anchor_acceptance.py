@@ -62,6 +62,7 @@ def simulated_rounds(lengths: np.ndarray) -> list[int]:
 def main():
     from dflash_jax import checkpoint, data
     from dflash_jax.drafter_io import load_drafter
+    from dflash_jax.tokens import loops
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", required=True, help="a drafter folder (run's best/ or released format)")
@@ -80,7 +81,7 @@ def main():
     for i in range(ds.shard_start(args.shard), len(ds)):
         tokens, mask = (np.asarray(x) for x in ds[i])
         mask = mask.astype(bool)
-        kind = data.loops(tokens[mask].tolist())
+        kind = loops(tokens[mask].tolist())
         if len(picked[kind]) < args.count:
             picked[kind].append((i, tokens, mask))
         if all(len(v) >= args.count for v in picked.values()):

@@ -45,8 +45,8 @@ def prompts(n: int) -> list[str]:
 
 def run_jax(texts, n_new, batch):
     from dflash_jax import checkpoint, hub
-    from dflash_jax.cli import encode
     from dflash_jax.decode import Decoder
+    from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
     enable_compilation_cache()
@@ -66,8 +66,9 @@ def run_jax(texts, n_new, batch):
 def run_round(texts, n_new, batch):
     """Milliseconds per round at block sizes 1 (plain), 4, 8, 16; random 1-layer drafter."""
     from dflash_jax import checkpoint, hub
-    from dflash_jax.cli import encode, load_drafter
     from dflash_jax.decode import Decoder
+    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
     enable_compilation_cache()
@@ -93,8 +94,9 @@ def run_round(texts, n_new, batch):
 def run_stream(texts, n_new, batch):
     """Wall seconds of generate vs stream (compiled), plain and block 16, alternating per prompt."""
     from dflash_jax import checkpoint, hub
-    from dflash_jax.cli import encode, load_drafter
     from dflash_jax.decode import Decoder
+    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
     enable_compilation_cache()
@@ -120,8 +122,8 @@ def run_stream(texts, n_new, batch):
 def run_batch(texts, n_new, batch):
     """Plain decoding throughput (tokens/s over all rows) at batch 1, 4, 16 on 16 prompts."""
     from dflash_jax import checkpoint, hub
-    from dflash_jax.cli import encode
     from dflash_jax.decode import Decoder
+    from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
     enable_compilation_cache()
@@ -144,10 +146,10 @@ def run_hf(texts, n_new, batch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_jax import hub
+    from dflash_jax import checkpoint
 
     torch.set_num_threads(os.cpu_count())
-    folder = hub.smollm2_hf_dir()
+    folder = checkpoint.smollm2_hf_dir()
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     rows = []

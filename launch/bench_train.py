@@ -34,15 +34,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
+    from functools import partial
+
     import jax
     import numpy as np
-    from functools import partial
+    from ml_collections import ConfigDict
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
-    from dflash_jax.train import make_optimizer, train_step
+    from dflash_jax.train_step import make_optimizer, train_step
     from dflash_jax.utils import enable_compilation_cache
-    from ml_collections import ConfigDict
 
     enable_compilation_cache()
     ck = checkpoint.load_target(hub.SMOLLM2)
@@ -74,16 +75,17 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
 
 
 def recipe_worker(steps: int) -> dict:
+    from functools import partial
+
     import jax
     import numpy as np
-    from functools import partial
+    from ml_collections import ConfigDict
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
     from dflash_jax.loss import target_features
-    from dflash_jax.train import make_optimizer, train_step
+    from dflash_jax.train_step import make_optimizer, train_step
     from dflash_jax.utils import enable_compilation_cache
-    from ml_collections import ConfigDict
 
     enable_compilation_cache()
     ck = checkpoint.load_target(hub.SMOLLM2)

@@ -45,10 +45,10 @@ def plan(mesh_shape, micro_batch: int, seq_len: int, anchors: int, chunk: int) -
     import optax
 
     from dflash_jax import checkpoint
-    from dflash_jax.drafter import DrafterConfig, drafter_logical_specs, init_drafter_params
-    from dflash_jax.sharding import logical_to_sharding, make_mesh
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.sharding import make_mesh
     from dflash_jax.target import TargetConfig
-    from dflash_jax.train import sharded_step
+    from dflash_jax.train_step import sharded_step
 
     tcfg = TargetConfig.from_hf(QWEN3_8B, dtype="bfloat16")
     dcfg = DrafterConfig.for_target(tcfg, num_layers=5, block_size=16, mask_token_id=151662, dtype="bfloat16")

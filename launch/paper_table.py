@@ -28,8 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dflash_jax import bench  # noqa: E402
+from dflash_jax.errors import BenchError  # noqa: E402
+from dflash_jax.prompts import DATASETS  # noqa: E402
 
-ORDER = list(bench.DATASETS)
+ORDER = list(DATASETS)
 
 
 def load_runs(folder: Path) -> dict[float, dict]:
@@ -44,7 +46,7 @@ def load_runs(folder: Path) -> dict[float, dict]:
     for f in files:
         try:
             s, records = bench.read_records(f)
-        except bench.BenchError as e:
+        except BenchError as e:
             raise SystemExit(str(e)) from None
         ident.add(json.dumps([s["target"], s["drafter_sha256"], s["max_new_tokens"]], sort_keys=True))
         run = runs.setdefault(float(s["temperature"]), {"block_sizes": None, "records": [], "files": []})

@@ -38,16 +38,18 @@ def main() -> None:
     ap.add_argument("--out", default="docs/race_reference.json")
     args = ap.parse_args()
 
+    import dflash.model
     import numpy as np
     import torch
+    from dflash.model import DFlashDraftModel, dflash_generate
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
-    import dflash.model
-    from dflash.model import DFlashDraftModel, dflash_generate
-    from dflash_jax import bench, checkpoint, hub
-    from dflash_jax.cli import load_drafter, stop_ids
+    from dflash_jax import checkpoint, hub
     from dflash_jax.decode import Decoder
+    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.prompts import load_eval_prompts
+    from dflash_jax.tokens import chat_ids, stop_ids
     from dflash_jax.utils import enable_compilation_cache, log
 
     # return_stats=True (which carries the acceptance lengths) reads torch.cuda's clock; on CPU give it a
@@ -64,11 +66,11 @@ def main() -> None:
     block = args.block_size or drafter[1].block_size
     ours_spec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
     ours_plain = Decoder(ck.params, ck.cfg)
-    hf = AutoModelForCausalLM.from_pretrained(hub.smollm2_hf_dir(), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint.smollm2_hf_dir(), dtype=torch.float32).eval()
     ref = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
     stops = stop_ids(tok)
-    prompts = bench.load_eval_prompts(args.dataset, max_samples=args.prompts, max_turns=1)
-    ids = [bench.chat_ids(tok, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    prompts = load_eval_prompts(args.dataset, max_samples=args.prompts, max_turns=1)
+    ids = [chat_ids(tok, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
 
     def wall(fn):
         t0 = time.perf_counter()

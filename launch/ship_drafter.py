@@ -63,8 +63,8 @@ def main() -> None:
                          "oldest first; repeatable: its steps and hours go into the summary and the README")
     args = ap.parse_args()
 
-    from dflash_jax.checkpoint import atomic_folder
     from dflash_jax.drafter_io import export_released, load_drafter
+    from dflash_jax.utils import atomic_folder
 
     run, out = Path(args.run), Path(args.out)
     params, cfg, identity = load_drafter(run / args.which)
@@ -87,10 +87,9 @@ def main() -> None:
     else:
         last_val = info.get("val", [{}])[-1]
         shipped_at = f"step {info['steps']}, last validation loss {last_val.get('val_loss')}"
-    with atomic_folder(out, overwrite=True, marker="config.json") as tmp:
+    with atomic_folder(out, overwrite=True, kind="released-drafter") as tmp:
         export_released(params, cfg, tmp / "drafter", dtype="bfloat16", target_identity=identity)
         for f in (tmp / "drafter").iterdir():
-            f.chmod(0o644)  # safetensors writes 0600; this file is committed
             f.rename(tmp / f.name)
         (tmp / "drafter").rmdir()
         shutil.copy(run / "config.json", tmp / "train_config.json")
@@ -112,7 +111,7 @@ def main() -> None:
             f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"
             f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
             + "".join(f" --earlier-stage {x['run']}" for x in stages) + "\n```\n"
-            f"\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n")
+            "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n")
     print(f"wrote {out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")
 
 

@@ -25,6 +25,7 @@ from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
 from dflash_jax import bench  # noqa: E402
+from dflash_jax.errors import BenchError  # noqa: E402
 
 
 def rounds(acceptance_lengths):
@@ -59,7 +60,7 @@ def main():
         sys.exit("--bucket must be at least 1")
     try:
         settings, rows = bench.read_records(args.records)
-    except bench.BenchError as e:
+    except BenchError as e:
         sys.exit(str(e))
     key = f"b{args.block_size}"
     records = [r for r in rows if r.get(key, {}).get("acceptance_lengths")]
@@ -88,7 +89,7 @@ def main():
     if args.show:
         from transformers import AutoTokenizer
 
-        from dflash_jax.hub import resolve_target
+        from dflash_jax.checkpoint import resolve_target
 
         tok = AutoTokenizer.from_pretrained(str(resolve_target(args.target)))
         for i in args.show:

@@ -21,8 +21,9 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
-    from dflash_jax import checkpoint
     from helpers import make_hf_model
+
+    from dflash_jax import checkpoint
 
     llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -49,7 +50,7 @@ def smollm2():
     from dflash_jax import checkpoint, hub
 
     ck = checkpoint.load_target(hub.SMOLLM2)
-    hf = AutoModelForCausalLM.from_pretrained(hub.smollm2_hf_dir(), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint.smollm2_hf_dir(), dtype=torch.float32).eval()
     return ck, ck.tokenizer(), hf
 
 

@@ -59,6 +59,28 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
     return model
 
 
+# float32 parity is judged relative to the scale of the compared tensor (SPEC "What
+# token-identical means in floating point"): torch and XLA sum in other orders, and the error
+# of a float32 sum grows with the size of its terms, so an absolute tolerance that passes at
+# one magnitude fails at another (a SmolLM2 tap with values up to 94 missed atol=1e-3 by 3%).
+# Measured worst cases, max |got - want| / max |want|: tiny random models 3.5e-6 (logits ~6),
+# SmolLM2-135M logits 2.7e-6 (~40), its layer-28 tap 1.1e-5 (values up to 94).
+TINY_REL = 2e-5  # tiny random float32 models: about 5x the worst measured
+REAL_REL = 5e-5  # 30-layer SmolLM2-135M in float32: about 4.5x the worst measured
+
+
+def assert_close(got, want, rel: float, err_msg: str = "") -> None:
+    """``|got - want| <= rel * max|want|`` elementwise: a scale-relative float32 parity check.
+
+    The bound is one number for the whole tensor, so small entries are held to the error that the
+    large ones (which dominate every sum they enter) leave behind.
+    """
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = float(np.abs(want).max())
+    assert scale > 0, "comparing against an all-zero tensor says nothing"
+    np.testing.assert_allclose(got, want, rtol=0, atol=rel * scale, err_msg=err_msg)
+
+
 def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
     import torch
 
@@ -87,7 +109,7 @@ class OracleDraft:
     def write_context(self, params, cache, feats, start):
         return cache
 
-    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len):
+    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens=None):
         import jax
         import jax.numpy as jnp
 
@@ -136,3 +158,22 @@ def expected_rounds(prompt_len, greedy, errors, block_size, max_new, stop_ids=()
         if hits:
             break
     return rounds
+
+
+def stale_scratch(out: Path) -> Path:
+    """The scratch folder a dflash-jax process killed while writing ``out`` leaves beside it
+    (``utils.atomic_folder``): its name, marker file and a process id that no longer runs."""
+    import socket
+    import subprocess
+    import sys
+
+    from dflash_jax.utils import SCRATCH_FILE
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid, host = int(dead.stdout), socket.gethostname()
+    folder = out.parent / f".{out.name}.dflash-jax-partial-{host}-{pid}-abc123"
+    folder.mkdir(parents=True)
+    (folder / SCRATCH_FILE).write_text(f"{host} {pid}")
+    (folder / "params").mkdir()  # half-written content
+    return folder

@@ -7,12 +7,12 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import SHARED
 
 from dflash_jax import bench
-from dflash_jax.bench import BenchError, load_eval_prompts, summarise
-from dflash_jax.data import GSM8K_SUFFIX
-
-from conftest import SHARED
+from dflash_jax.bench import summarise
+from dflash_jax.errors import BenchError
+from dflash_jax.prompts import DATASETS, GSM8K_SUFFIX, load_eval_prompts
 
 
 def _write(path, rows, as_list=False):
@@ -51,7 +51,7 @@ def test_bad_prompt_files_name_file_and_line(tmp_path):
 @pytest.mark.skipif(not (SHARED / "data" / "eval").is_dir(), reason="shared eval data not present")
 def test_the_real_sets_load(monkeypatch):
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(SHARED / "data" / "eval"))
-    sizes = {d: len(load_eval_prompts(d)) for d in bench.DATASETS}
+    sizes = {d: len(load_eval_prompts(d)) for d in DATASETS}
     assert sizes == {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
 
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from dflash_jax import checkpoint
-from dflash_jax.checkpoint import CheckpointError
+from dflash_jax.errors import CheckpointError, ConfigError
 from dflash_jax.sharding import make_mesh
-from dflash_jax.target import ConfigError
 
 
 def _copy(src, dst):
@@ -60,7 +59,7 @@ def test_missing_tensor_named_and_nothing_written(tiny_models, tmp_path):
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
         checkpoint.convert_hf(bad, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob("out.partial-*"))
+    assert not list(tmp_path.glob(".out.dflash-jax-*"))
 
 
 def test_shape_mismatch_named(tiny_models, tmp_path):
@@ -177,7 +176,7 @@ def test_gguf_never_reuses_a_stale_hf_folder(tiny_models, tmp_path):
     _copy(hf_dir, tmp_path / "g.hf")  # a stale folder beside --out, not made from this GGUF
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"GGUFgarbage")
-    with pytest.raises(Exception):
+    with pytest.raises(CheckpointError, match="not a readable GGUF model"):
         checkpoint.convert_gguf(fake, tmp_path / "g")
     assert not (tmp_path / "g").exists()
 

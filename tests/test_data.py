@@ -5,9 +5,11 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import stale_scratch
 
-from dflash_jax import checkpoint, data
+from dflash_jax import checkpoint, data, prepare, prompts
 from dflash_jax.decode import Decoder
+from dflash_jax.tokens import loops
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +28,18 @@ def _prompt_file(path, n, seed=0):
 
 
 def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_path):
-    from dflash_jax.cli import encode, stop_ids
+    from dflash_jax.tokens import encode, stop_ids
 
     ck, tok = target
-    prompts = data.read_prompts(_prompt_file(tmp_path / "p.jsonl", 10), limit=None)
+    items = prompts.read_prompts(_prompt_file(tmp_path / "p.jsonl", 10), limit=None)
     out = tmp_path / "d"
-    meta = data.prepare(ck, tok, prompts, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
+    meta = prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
     assert meta["complete"] and meta["shards"] == ["shard_00000", "shard_00001", "shard_00002"]
     ds = data.TokenDataset(out)
     assert len(ds) == meta["num_sequences"] == 10
     # every sequence is prompt + the target's own greedy answer, loss mask on the answer only
     dec = Decoder(ck.params, ck.cfg)
-    by_where = {p.where: p for p in prompts}
+    by_where = {p.where: p for p in items}
     shard0 = json.loads((out / "shard_00000" / "meta.json").read_text())
     for i, where in enumerate(shard0["prompts"]):
         tokens, mask = ds[i]
@@ -47,15 +49,15 @@ def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_
     # a kill after two shards: the restart redoes only the missing one, with identical content
     before = {f: (out / "shard_00000" / f).read_bytes() for f in data.FILES}
     shutil.rmtree(out / "shard_00002")
-    (out / "shard_00002.partial-x").mkdir()  # what a kill during a write leaves
-    again = data.prepare(ck, tok, prompts, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
-    assert again["stats"] == meta["stats"] and not list(out.glob("*.partial-*"))
+    stale = stale_scratch(out / "shard_00002")  # what a kill during a write leaves
+    again = prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
+    assert again["stats"] == meta["stats"] and not stale.exists()
     assert {f: (out / "shard_00000" / f).read_bytes() for f in data.FILES} == before
     with pytest.raises(data.DataError, match="other prompts or settings"):
-        data.prepare(ck, tok, prompts, out, max_new_tokens=13, batch_size=4, shard_size=4, progress=False)
+        prepare.prepare(ck, tok, items, out, max_new_tokens=13, batch_size=4, shard_size=4, progress=False)
     np.save(out / "shard_00001" / "offsets.npy", np.array([0, 5], np.int64))
     with pytest.raises(data.DataError, match="shard_00001"):
-        data.prepare(ck, tok, prompts, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
+        prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
     assert (out / "shard_00000").exists() and (out / "shard_00002").exists()  # finished shards are kept
 
 
@@ -63,27 +65,27 @@ def test_prompt_formats_and_their_errors(tmp_path, target):
     ck, tok = target
     from conftest import SHARED
 
-    gsm = data.read_prompts(SHARED / "data" / "train" / "gsm8k_train.jsonl", limit=2)
-    assert gsm[0].text.endswith(data.GSM8K_SUFFIX) and gsm[0].where.endswith("gsm8k_train.jsonl:1")
-    alp = data.read_prompts(SHARED / "data" / "train" / "alpaca_en_1k.json", limit=50)
+    gsm = prompts.read_prompts(SHARED / "data" / "train" / "gsm8k_train.jsonl", limit=2)
+    assert gsm[0].text.endswith(prompts.GSM8K_SUFFIX) and gsm[0].where.endswith("gsm8k_train.jsonl:1")
+    alp = prompts.read_prompts(SHARED / "data" / "train" / "alpaca_en_1k.json", limit=50)
     assert all(p.text.strip() for p in alp) and any("\n\n" in p.text for p in alp)  # instruction + input
-    mbpp = data.read_prompts(SHARED / "data" / "eval" / "mbpp_sanitized.json")
+    mbpp = prompts.read_prompts(SHARED / "data" / "eval" / "mbpp_sanitized.json")
     ids = [json.loads((SHARED / "data" / "eval" / "mbpp_sanitized.json").read_text())[int(p.where.rsplit(":", 1)[1]) - 1]
            ["task_id"] for p in mbpp]
     assert mbpp and not any(11 <= i <= 510 for i in ids)  # never the evaluation split
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "t5"}\n{"text": "t6"}\n')
     with pytest.raises(data.DataError, match="bad.jsonl:2"):
-        data.read_prompts(bad)
+        prompts.read_prompts(bad)
     bad.write_text('{"prompt": "t5"}\nnot json\n')
     with pytest.raises(data.DataError, match="bad.jsonl:2"):
-        data.read_prompts(bad)
+        prompts.read_prompts(bad)
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "t5"}) + "\n" + json.dumps({"prompt": " ".join(["t7"] * 600)}) + "\n")
     with pytest.raises(data.DataError, match="long.jsonl:2.*context"):
-        data.prepare(ck, tok, data.read_prompts(long), tmp_path / "o", max_new_tokens=8, progress=False)
+        prepare.prepare(ck, tok, prompts.read_prompts(long), tmp_path / "o", max_new_tokens=8, progress=False)
 
 
 def test_loop_detector():
-    assert data.loops([1, 2, 3] * 10)
-    assert not data.loops(list(range(40)))
+    assert loops([1, 2, 3] * 10)
+    assert not loops(list(range(40)))

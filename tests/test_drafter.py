@@ -3,9 +3,17 @@
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_REL, assert_close
 
-from dflash_jax.drafter import (Drafter, DrafterConfig, block_embeddings, decode_masks, default_target_layer_ids,
-                                draft_logits, init_drafter_params)
+from dflash_jax.drafter import (
+    Drafter,
+    DrafterConfig,
+    block_embeddings,
+    decode_masks,
+    default_target_layer_ids,
+    draft_logits,
+    init_drafter_params,
+)
 from dflash_jax.drafter_io import export_released, import_released
 from dflash_jax.target import TargetConfig, init_params
 
@@ -72,5 +80,5 @@ def test_draft_logits_equal_reference(name, tmp_path):
         head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head.weight.copy_(torch.tensor(np.asarray(tparams["lm_head"]).T))
         want = ref.compute_logits(h, head).numpy()
-    np.testing.assert_allclose(ours, want, atol=2e-5 * max(1, np.abs(want).max()), rtol=0)
+    assert_close(ours, want, TINY_REL)
     assert np.abs(want).max() > 1 and (ours.argmax(-1) == want.argmax(-1)).all()  # not vacuous

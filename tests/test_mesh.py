@@ -8,7 +8,7 @@ import pytest
 from dflash_jax import checkpoint, data
 from dflash_jax.drafter import DrafterConfig, init_drafter_params
 from dflash_jax.sharding import make_mesh
-from dflash_jax.train import sharded_step, train_step
+from dflash_jax.train_step import sharded_step, train_step
 
 
 @pytest.fixture(scope="module")

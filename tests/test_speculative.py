@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
@@ -72,7 +73,7 @@ def test_drafter_that_does_not_fit_is_a_clear_error(setup, tmp_path):
     import dataclasses
 
     from dflash_jax.drafter import check_fits
-    from dflash_jax.target import ConfigError
+    from dflash_jax.errors import ConfigError
 
     _, ck, dcfg, _, _, _ = setup
     with pytest.raises(ConfigError, match="hidden_size"):
@@ -230,8 +231,8 @@ def _ref_config(dcfg):
     import tempfile
     from pathlib import Path
 
-    from dflash_jax.drafter_io import export_released
     from dflash_jax.drafter import init_drafter_params
+    from dflash_jax.drafter_io import export_released
 
     with tempfile.TemporaryDirectory() as d:
         export_released(init_drafter_params(dcfg, seed=0), dcfg, Path(d) / "x")

@@ -1,0 +1,124 @@
+"""N-gram (prompt-lookup) drafting: the training-free draft step (SPEC "N-gram (prompt-lookup) drafting").
+
+Each round, for ``n`` from ``ngram_max`` down to ``ngram_min``, find the most recent earlier
+occurrence of the last ``n`` committed tokens (the anchor, at position ``start``, included) in
+the sequence so far (prompt included, token buffer positions ``0 .. start``); at the first ``n``
+that matches, the draft is the up to ``B - 1`` tokens that followed that occurrence, cut where the
+committed sequence ends (only positions ``<= start`` are proposed, never stale buffer slots).
+No match: no draft, and the round commits one token. "Earlier" means the occurrence ends at a
+position ``< start``. Verification is the loop's own; under sampling the draft is a point mass
+``q`` (one-hot), so the rejection rule stays exact: a draft token ``x`` is accepted with
+probability ``p(x)`` and the first rejection resamples from ``norm(p with x removed)``.
+
+Use it as a draft step without parameters::
+
+    Decoder(target_params, cfg, drafter=NgramStep(ngram_max=4, ngram_min=1, block_size=16))
+    Decoder(target_params, cfg, drafter=(None, NgramStep()), block_size=8)  # the same, explicitly
+
+The match runs on device over the loop's token buffer, vectorised over the batch: per round and
+row, ``ngram_max`` compares of the buffer ``[S + block]`` with one window token each (linear in
+``S``), and one max-reduction that picks the longest match and, among those, the latest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def ngram_propose(tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4,
+                  ngram_min: int = 1) -> tuple[Array, Array]:
+    """The n-gram draft of every row (SPEC "N-gram (prompt-lookup) drafting").
+
+    Args:
+      tokens: int32 ``[B, L]`` token buffer by absolute position; positions ``0 .. start[b]``
+        of row ``b`` are its committed tokens (later slots are ignored).
+      start: int32 ``[B]`` position of each row's anchor (its last committed token);
+        ``start[b] + num_tokens < L``.
+      num_tokens: static, the most tokens to propose (``B - 1`` for block size ``B``).
+      ngram_max, ngram_min: static n-gram lengths tried, longest first (``1 <= min <= max``).
+
+    Returns:
+      ``(draft, num_draft)``: int32 ``[B, num_tokens]`` proposals (0 past ``num_draft``) and int32
+      ``[B]`` how many are real: the tokens after the latest earlier occurrence of the longest
+      matching suffix, at most up to position ``start`` (0 when nothing matches).
+    """
+    return jax.vmap(lambda t, s: _propose_row(t, s, num_tokens, ngram_max, ngram_min))(tokens, start)
+
+
+def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array]:
+    length = t.shape[0]
+    idx = jnp.arange(length, dtype=jnp.int32)
+    # m[i]: length (capped at nmax) of the common suffix of t[.. i] and t[.. s], for i < s.
+    run = idx < s
+    m = jnp.zeros((length,), jnp.int32)
+    for j in range(nmax):
+        run = run & (idx >= j) & (jnp.roll(t, j) == t[jnp.maximum(s - j, 0)])  # t[i - j] == t[s - j]
+        m = m + run
+    # longest match first, then the latest occurrence: one reduction over m * length + i
+    key = jnp.max(jnp.where(m >= nmin, m * length + idx, -1))
+    found = key >= 0
+    end = jnp.where(found, key % length, 0)  # where the occurrence ends
+    num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
+    follow = jax.lax.dynamic_slice_in_dim(t, end + 1, k)
+    return jnp.where(jnp.arange(k) < num, follow, 0).astype(jnp.int32), num
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramStep:
+    """N-gram (prompt-lookup) drafting as a draft step of ``decode_loop`` (see ``Decoder``;
+    the rule: SPEC "N-gram (prompt-lookup) drafting", computed by ``ngram_propose``).
+
+    It reads no target layer and keeps no cache; its parameters are ``None``. ``draft`` and
+    ``logits`` return ``(out, num_draft)``: only the first ``num_draft [B]`` draft tokens are
+    real, so acceptance never counts padding.
+
+    Raises:
+      ValueError: ``ngram_min < 1``, ``ngram_max < ngram_min`` or ``block_size < 2``.
+    """
+
+    ngram_max: int = 4
+    ngram_min: int = 1
+    block_size: int = 16  # the default (and largest) block size of a Decoder using this step
+
+    tap_layers = ()  # class attribute, not a field: the target taps nothing
+
+    def __post_init__(self):
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+
+    @property
+    def max_block_size(self) -> int:
+        """The largest block size a ``Decoder`` may use with this step (its ``block_size``)."""
+        return self.block_size
+
+    def init_cache(self, batch: int, cache_len: int):
+        """No drafter cache: ``None`` (the token buffer is all the step reads)."""
+        return None
+
+    def write_context(self, params, cache, feats, start):
+        """Nothing to write (``feats`` is ``None``: no taps); returns ``cache``."""
+        return cache
+
+    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
+              *, tokens: Array) -> tuple[Array, Array]:
+        """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``."""
+        return ngram_propose(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
+
+    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
+               *, tokens: Array) -> tuple[Array, Array]:
+        """``(logits float32 [B, block_len - 1, V], num_draft [B])``: 0 at the draft token, -inf elsewhere.
+
+        Any ``Sampling`` turns these into the one-hot ``q`` of the draft (temperature, top-k and
+        top-p all keep the single finite token). ``V`` is the target's vocabulary (its embedding rows).
+        """
+        draft, num = self.draft(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
+        vocab = target_params["embedding"].shape[0]
+        onehot = draft[..., None] == jnp.arange(vocab, dtype=jnp.int32)
+        return jnp.where(onehot, 0.0, -jnp.inf).astype(jnp.float32), num

@@ -1,0 +1,251 @@
+"""The jobs that make training data: ``prepare`` (``dflash-jax prepare-data``: the target's own
+answers to prompt files, SPEC "Training" 1) and ``write_features`` (``dflash-jax prepare-features``:
+the frozen target's tapped features, stored beside the tokens). Both are resumable.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from dflash_jax import tokens
+from dflash_jax.data import FEATURES_FORMAT, SHARDED_FORMAT, Shard, TokenDataset, features_folder, write_dataset
+from dflash_jax.decode import Decoder
+from dflash_jax.errors import DataError
+from dflash_jax.loss import target_features
+from dflash_jax.prompts import Prompt
+from dflash_jax.tokens import encode, loops
+from dflash_jax.utils import atomic_write_text, json_sha256, log
+
+
+def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int,
+               stop_ids: Sequence[int] = (), progress: bool = True):
+    """The target's own greedy responses to token-id ``prompts`` (SPEC "Training" 1).
+
+    Returns:
+      ``(sequences, loss_masks)``: prompt + response token ids, and True exactly on the response
+      (the stop token, when produced, is part of the response).
+    """
+    order = np.argsort([len(p) for p in prompts], kind="stable")  # similar lengths share a batch
+    seqs: list = [None] * len(prompts)
+    bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress, leave=False)
+    for i in range(0, len(order), batch_size):
+        idx = order[i: i + batch_size]
+        results = decoder.generate([prompts[j] for j in idx], max_new_tokens, stop_ids)
+        for j, r in zip(idx, results):
+            seqs[j] = (list(prompts[j]), r.token_ids)
+        bar.update(len(idx))
+    bar.close()
+    return [p + r for p, r in seqs], [[False] * len(p) + [True] * len(r) for p, r in seqs]
+
+
+def _check_finished_shards(out: Path, names: Sequence[str], key: str, indexed: Sequence[str]) -> None:
+    """Every shard already in ``out`` must be intact and made with these settings (``key``).
+
+    A shard records the hash of the settings it was made with; one written before shards recorded
+    it is taken only when an index with these settings lists it.
+
+    Raises:
+      DataError: a damaged shard or one made with other settings (or another target), naming it
+        and the fix; nothing has been written yet.
+    """
+    for name in names:
+        if not (out / name).exists():
+            continue
+        try:
+            shard = Shard(out / name)
+        except DataError as e:
+            raise DataError(f"{e}; delete {out / name} and rerun this command (it remakes only that shard)") from None
+        made_with = shard.meta.get("settings_sha256")
+        if made_with != key and not (made_with is None and name in indexed):
+            raise DataError(f"{out / name} was made with other settings or another target than this command's; "
+                            f"choose another --out (or delete {out} to start over)")
+
+
+def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_new_tokens: int = 384,
+            batch_size: int = 16, shard_size: int = 256, seed: int = 0, progress: bool = True) -> dict:
+    """Regenerate responses with the target and write them as shards under ``out`` (resumable).
+
+    The prompts are shuffled with ``seed`` and cut into shards of ``shard_size``; each shard is
+    written atomically (``out/shard_00000`` ...), and a restart skips the shards already there
+    (after checking them). ``out/meta.json`` indexes the shards and counts the answers that hit
+    the cap or loop (``loops``), since looping answers inflate acceptance.
+
+    Raises:
+      DataError: a prompt too long for the target's context (named by file and line), a corrupt
+        finished shard (named; the others are kept), or ``out`` prepared with other settings.
+    """
+    out = Path(out)
+    ids = []
+    for p in prompts:
+        x = encode(tokenizer, p.text, chat=True)
+        if len(x) + max_new_tokens > ck.cfg.max_position_embeddings:
+            raise DataError(f"{p.where}: the prompt has {len(x)} tokens; with {max_new_tokens} new tokens it exceeds "
+                            f"the target's context of {ck.cfg.max_position_embeddings}; shorten or drop it")
+        ids.append(x)
+    order = np.random.RandomState(seed).permutation(len(prompts))
+    settings = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, "seed": seed, "mode": "greedy",
+                "chat": True, "num_prompts": len(prompts), "target": ck.identity,
+                "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
+    key = json_sha256(settings)
+    index_path = out / "meta.json"
+    indexed: list = []  # shards an index with these very settings lists
+    if index_path.exists():
+        try:
+            old = json.loads(index_path.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{index_path} exists but is not a dflash-jax data index; choose another --out") from None
+        if not isinstance(old, dict) or old.get("settings") != settings:
+            raise DataError(f"{out} holds data prepared from other prompts or settings; choose another --out")
+        indexed = old.get("shards") or []
+    n_shards = -(-len(prompts) // shard_size)
+    names = [f"shard_{k:05d}" for k in range(n_shards)]
+    _check_finished_shards(out, names, key, indexed)  # before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+
+    def write_index(done: list[str]) -> None:
+        stats = {"sequences": 0, "tokens": 0, "hit_cap": 0, "looping": 0}
+        for name in done:
+            m = json.loads((out / name / "meta.json").read_text())
+            for k in stats:
+                stats[k] += m["stats"][k]
+        meta = {"format": SHARDED_FORMAT, "format_version": 1, "shards": done, "complete": len(done) == n_shards,
+                "settings": settings, "stats": stats, "tokenizer_sha256": ck.identity["tokenizer_sha256"],
+                "num_sequences": stats["sequences"], "num_tokens": stats["tokens"],
+                "source": sorted({p.where.rsplit(":", 1)[0] for p in prompts}),
+                "content_sha256": {name: Shard(out / name).content_sha256 for name in done}}
+        atomic_write_text(index_path, json.dumps(meta, indent=2))
+
+    decoder = Decoder(ck.params, ck.cfg)
+    stops = tokens.stop_ids(tokenizer)
+    done = []
+    bar = tqdm(total=len(prompts), desc="prepare-data", unit="prompt", disable=not progress)
+    for k, name in enumerate(names):
+        idx = order[k * shard_size: (k + 1) * shard_size]
+        if not (out / name).exists():
+            seqs, masks = regenerate(decoder, [ids[i] for i in idx], max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, stop_ids=stops, progress=progress)
+            responses = [s[len(ids[i]):] for s, i in zip(seqs, idx)]
+            keep = [j for j, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer holds no anchor
+            if not keep:
+                raise DataError(f"every answer of {name} has fewer than 2 tokens, so there is nothing to train on; "
+                                "raise --max-new-tokens")
+            stats = {"sequences": len(keep), "tokens": int(sum(len(seqs[j]) for j in keep)),
+                     "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
+                     "looping": sum(loops(r) for r in responses), "dropped": len(seqs) - len(keep)}
+            write_dataset(out / name, [seqs[j] for j in keep], [masks[j] for j in keep],
+                          meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"], "stats": stats,
+                                "settings_sha256": key, "target": ck.identity,
+                                "prompts": [prompts[idx[j]].where for j in keep]})
+        done.append(name)
+        write_index(done)
+        bar.update(len(idx))
+    bar.close()
+    return json.loads(index_path.read_text())
+
+
+def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str, batch_size: int = 4,
+                   progress: bool = True, log=log) -> Path:
+    """Run the frozen target once over every sequence of ``ds`` and store its tapped features
+    (``FeatureStore`` layout, under ``features_folder``), so that training skips the target's
+    forward pass (``train.stored_features``). Resumable: a shard file is written atomically
+    (a temporary name, then a rename) and a restart skips the shard files already there.
+
+    Sequences are taken ``batch_size`` at a time in length order, each batch padded to a multiple of
+    128 tokens (one compile per padded length); padding sits after the tokens, so, the target being
+    causal, it does not change their features.
+
+    Args:
+      ck: the target (``checkpoint.load_target(..., dtype=dtype)``): the features are computed in
+        its dtype and stored as float32 (exact for bfloat16).
+      layer_ids: the drafter's ``target_layer_ids``; dtype: ``"float32"`` or ``"bfloat16"``.
+    Returns:
+      the features folder.
+    Raises:
+      DataError: the folder holds features made with other settings, its ``meta.json`` is
+        damaged, or another ``prepare-features`` is writing it (an exclusive lock on
+        ``<folder>/.lock`` guards the writes).
+    """
+    folder = features_folder(ds.folder, ck.identity, layer_ids, dtype)
+    width = len(layer_ids) * ck.cfg.hidden_size
+    meta = {"format": FEATURES_FORMAT, "format_version": 1, "feature_size": width, "layers": [int(x) for x in layer_ids],
+            "dtype": dtype, "target": ck.identity}
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = open(folder / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise DataError(f"another prepare-features is writing {folder}; wait for it to finish (or stop it)") from None
+    try:
+        _write_features(ds, ck, layer_ids, folder, meta, batch_size, progress, log)
+    finally:
+        lock.close()  # releases the lock
+    return folder
+
+
+def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int, progress: bool, log) -> None:
+    """``write_features`` under its lock."""
+    width = meta["feature_size"]
+    if (folder / "meta.json").exists():
+        try:
+            old = json.loads((folder / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DataError(f"{folder}/meta.json is damaged ({e}); delete {folder} and rerun") from None
+        if old != meta:
+            raise DataError(f"{folder} holds features made with other settings; delete it and rerun")
+    else:
+        atomic_write_text(folder / "meta.json", json.dumps(meta, indent=2))
+    for stale in folder.glob("*.npy.partial"):  # left by a killed run (we hold the lock: nobody else writes)
+        stale.unlink()
+
+    taps = jax.jit(partial(target_features, tcfg=ck.cfg, layer_ids=tuple(layer_ids)))
+    todo = []
+    for sh in ds.shards:
+        path = folder / f"{sh.folder.name}.npy"
+        if path.exists() and _intact(path, (len(sh.tokens), width)):
+            continue
+        if path.exists():  # cut or overwritten since it was written: made again
+            log(f"{path} is damaged (not float32 x {(len(sh.tokens), width)}); computing it again")
+            path.unlink()
+        todo.append(sh)
+    bar = tqdm(total=sum(len(sh) for sh in todo), desc="prepare-features", unit="seq", disable=not progress)
+    for sh in todo:
+        path = folder / f"{sh.folder.name}.npy"
+        unfinished = folder / f"{sh.folder.name}.npy.partial"
+        out = np.lib.format.open_memmap(unfinished, mode="w+", dtype=np.float32, shape=(len(sh.tokens), width))
+        off = np.asarray(sh.offsets)
+        lens = np.diff(off)
+        order = np.argsort(lens, kind="stable")
+        for i in range(0, len(order), batch_size):
+            idx = order[i: i + batch_size]
+            length = -(-int(lens[idx].max()) // 128) * 128
+            tokens = np.zeros((batch_size, length), np.int32)  # a short last batch is padded with empty rows
+            for r, j in enumerate(idx):
+                tokens[r, : lens[j]] = sh.tokens[off[j]: off[j + 1]]
+            f = np.asarray(taps(ck.params, tokens), np.float32)
+            for r, j in enumerate(idx):
+                out[off[j]: off[j + 1]] = f[r, : lens[j]]
+            bar.update(len(idx))
+        out.flush()
+        del out
+        os.replace(unfinished, path)
+    bar.close()
+
+
+def _intact(path: Path, shape: tuple[int, int]) -> bool:
+    """Whether a stored-features file reads as float32 ``shape`` in full (a cut file does not map)."""
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return False
+    return a.dtype == np.float32 and a.shape == shape

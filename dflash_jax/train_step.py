@@ -1,0 +1,128 @@
+"""The optimiser and the jitted update of the drafter trainer.
+
+``train_step`` is one optimiser update over ``accum`` micro-batches; the anchors of every
+micro-batch are drawn first, so the loss is normalised by the weight sum of the whole global
+batch (SPEC "Training" 6). ``sharded_step`` jits it with explicit shardings over a mesh, laid out
+by the logical-axis table (``sharding``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dflash_jax import loss as loss_lib
+from dflash_jax.drafter import drafter_logical_specs
+from dflash_jax.sharding import axis_rules, batch_shardings, logical_to_sharding, named_sharding
+
+
+def make_schedule(t) -> optax.Schedule:
+    """Learning rate: linear warmup over ``warmup_frac * steps``, then cosine decay to 0 at ``steps``."""
+    warmup = max(1, int(round(t.warmup_frac * t.steps)))
+    return optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1),
+                                              end_value=0.0)
+
+
+def make_optimizer(t) -> optax.GradientTransformation:
+    """AdamW on the warmup-cosine schedule, after global-norm clipping (SPEC "Training" 7)."""
+    return optax.chain(optax.clip_by_global_norm(t.grad_clip),
+                       optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay))
+
+
+def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
+               anchor_chunk, loss_offsets=0, remat=True):
+    """One optimiser update over ``accum`` micro-batches.
+
+    Args:
+      batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``, and
+        ``"features"`` float32 ``[accum, b, T, F]`` with stored target features
+        (``train.stored_features``; else the target computes them).
+      rng: the step's key (``fold_in(run_key, step)``).
+    Returns:
+      ``(params, opt_state, metrics)``; metrics are float32 scalars / ``[B]`` arrays.
+    """
+    accum = batch["tokens"].shape[0]
+    keys = jax.random.split(rng, accum)
+    anchors = jax.vmap(loss_lib.sample_anchors, (0, 0, None))(keys, batch["loss_mask"], num_anchors)
+    w = loss_lib.offset_weights(dcfg.block_size, gamma, loss_offsets)
+    _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(batch["tokens"], batch["loss_mask"], anchors,
+                                                               dcfg.block_size)
+    total_weight = jnp.maximum(jnp.sum(use * w), 1e-6)  # the whole global batch, every micro-batch
+
+    def micro(carry, xs):
+        grads, stats = carry
+        tokens, mask, anc, feats = xs
+
+        def objective(p):
+            s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
+                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat, feats=feats)
+            return s.loss / total_weight, s
+
+        (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
+        return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, stats, s)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    stats0 = loss_lib.BlockStats(*(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,),
+                                                                         (dcfg.block_size,), (), ())))
+    xs = (batch["tokens"], batch["loss_mask"], anchors, batch.get("features"))
+    (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), xs)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
+
+
+def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk,
+                 loss_offsets=0, remat=True, stored_features=False):
+    """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
+
+    Parameters of the drafter and the frozen target are laid out by the logical-axis table
+    (``dflash_jax.sharding``); the batch ``[accum, b, T]`` is split over ``data`` x ``fsdp`` along
+    ``b``; the optimiser state follows the parameters; metrics are replicated. With
+    ``stored_features`` the batch also carries ``"features"`` ``[accum, b, T, F]``, split the same way.
+
+    Returns:
+      ``(step_fn, param_shardings, batch_shardings, opt_shardings)``: ``batch_shardings`` is
+      ``sharding.batch_shardings`` (a dict by batch key); ``step_fn(params, opt_state, target_params,
+      batch, rng)`` donates ``params`` and ``opt_state``.
+    """
+    param_sh = logical_to_sharding(drafter_logical_specs(dcfg), mesh)
+    target_sh = jax.tree.map(lambda x: x.sharding, target_params)
+    rep = named_sharding(mesh)
+    # the optimiser moments mirror the parameter tree: each takes its parameter's sharding; the rest
+    # (step counts) is replicated
+    opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, jax.eval_shape(opt.init, params), param_sh,
+                                   transform_non_params=lambda _: rep)
+    batch_sh = batch_shardings(mesh, stored_features)
+    step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
+                   anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
+    jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, batch_sh, rep),
+                     out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
+
+    def run(*args):
+        with axis_rules(), jax.set_mesh(mesh):
+            return jitted(*args)
+
+    run.jitted = jitted  # for ahead-of-time lowering (launch/memory_plan.py)
+    return run, param_sh, batch_sh, opt_sh
+
+
+def summarise(s: loss_lib.BlockStats) -> dict:
+    """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``."""
+    acc = s.correct / jnp.maximum(s.count, 1.0)
+    return {"loss": s.loss / jnp.maximum(s.weight, 1e-6), "acc": acc,
+            "tau_est": loss_lib.tau_estimate(s.count, s.correct),
+            "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0)}
+
+
+def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0,
+               remat=True):
+    """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
+    micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``."""
+    batch = jax.tree.map(lambda x: x[0], batch)
+    anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
+    return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
+                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets,
+                               remat=remat, feats=batch.get("features"))

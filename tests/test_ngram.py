@@ -1,0 +1,349 @@
+"""N-gram (prompt-lookup) drafting (SPEC "N-gram (prompt-lookup) drafting").
+
+The step's proposals against a plain-Python statement of the rule; greedy decoding with it is
+token-identical to plain decoding, with the acceptance lengths the rule predicts; the loop never
+accepts draft tokens past the step's ``num_draft``; sampled decoding keeps the target's output
+distribution (exact enumeration + chi-square, as in test_sampling.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from dflash_jax import decode
+from dflash_jax.decode import Decoder
+from dflash_jax.ngram import NgramStep
+from dflash_jax.sampling import Sampling, probs
+from dflash_jax.target import Target, TargetConfig, init_params
+
+
+def ref_propose(seq, k, nmax, nmin):
+    """The rule in plain Python for committed tokens ``seq`` (the anchor is ``seq[-1]``).
+
+    Returns ``(draft, n, end)``: the proposed tokens, the matched n-gram length and the position
+    where the matched earlier occurrence ends (``([], 0, -1)`` when nothing matches).
+    """
+    start = len(seq) - 1
+    for n in range(nmax, nmin - 1, -1):
+        if n > len(seq):
+            continue
+        suffix = seq[start - n + 1:]
+        for end in range(start - 1, n - 2, -1):  # most recent first; the suffix itself excluded
+            if seq[end - n + 1: end + 1] == suffix:
+                return seq[end + 1: end + 1 + k], n, end  # cut where the committed sequence ends
+    return [], 0, -1
+
+
+# --- 1. proposals ------------------------------------------------------------------------------
+
+COMBOS = [(4, 1, 16), (3, 2, 5), (1, 1, 2), (5, 5, 8), (2, 1, 4)]  # (ngram_max, ngram_min, block)
+
+
+def test_proposals_follow_the_rule():
+    rng = np.random.default_rng(0)
+    seen = {"none": 0, "short": 0, "full": 0, "at_beginning": 0, "backoff": 0}
+    batch, span = 6, 40
+    for nmax, nmin, bs in COMBOS:
+        step = NgramStep(nmax, nmin, bs)
+        k = bs - 1
+        draft_fn = jax.jit(lambda tok, st: step.draft(None, None, None, tok[jnp.arange(batch), st], st,
+                                                      jnp.full_like(st, bs), bs, tokens=tok))
+        for trial in range(30):
+            vocab = int(rng.choice([2, 3, 5, 12]))
+            tokens = rng.integers(0, vocab, (batch, span + bs)).astype(np.int32)  # slots past start: stale junk
+            starts = rng.integers(0, span, batch).astype(np.int32)
+            starts[0] = trial % 4  # the very beginning of the sequence
+            if trial % 3 == 0:  # the last n-gram also occurs at the very start of the sequence
+                n = int(rng.integers(nmin, nmax + 1))
+                starts[1] = int(rng.integers(n, span))
+                tokens[1, starts[1] - n + 1: starts[1] + 1] = tokens[1, :n]
+            draft, num = jax.device_get(draft_fn(tokens, starts))
+            assert draft.shape == (batch, k) and draft.dtype == np.int32 and num.dtype == np.int32
+            for b in range(batch):
+                s = int(starts[b])
+                want, n, end = ref_propose(tokens[b, : s + 1].tolist(), k, nmax, nmin)
+                assert num[b] == len(want), (nmax, nmin, bs, tokens[b, : s + 1].tolist())
+                assert draft[b, : num[b]].tolist() == want, (nmax, nmin, bs, tokens[b, : s + 1].tolist())
+                assert not draft[b, num[b]:].any()  # padding is 0
+                seen["none"] += not want
+                seen["short"] += 0 < len(want) < k
+                seen["full"] += len(want) == k
+                seen["at_beginning"] += bool(want) and end == n - 1
+                seen["backoff"] += bool(want) and n < nmax
+    assert min(seen.values()) >= 5, seen  # every kind of case was exercised
+
+
+def test_hand_made_cases():
+    step = NgramStep(ngram_max=3, ngram_min=1, block_size=4)
+    draft = jax.jit(lambda tok, s: step.draft(None, None, None, tok[:, s[0]], s, s, 4, tokens=tok))
+
+    def run(seq):
+        tok = np.asarray([seq + [7] * (20 - len(seq))], np.int32)  # 7: stale slots, never proposed
+        d, n = draft(tok, np.asarray([len(seq) - 1], np.int32))
+        return d[0, : int(n[0])].tolist()
+
+    assert run([1, 2, 3, 1, 2]) == [3, 1, 2]  # no trigram; the bigram [1, 2] at the very start
+    assert run([5, 1, 2, 3, 9, 1, 2, 3]) == [9, 1, 2]  # trigram, then what followed it
+    assert run([1, 2, 3, 4, 2, 3, 9, 2, 3]) == [9, 2, 3]  # the most recent occurrence wins
+    assert run([1, 2, 3, 9, 9, 5, 3, 8, 1, 2, 3]) == [9, 9, 5]  # the longest n beats a more recent shorter one
+    assert run([4, 5, 6]) == []  # nothing repeats
+    assert run([4]) == []  # the anchor alone
+    assert run([4, 4]) == [4]  # only the anchor follows the occurrence
+    assert run([1, 2, 1]) == [2, 1]  # cut where the committed sequence ends
+
+
+def test_invalid_ranges_are_refused():
+    for kw in (dict(ngram_min=0), dict(ngram_max=2, ngram_min=3), dict(block_size=1)):
+        with pytest.raises(ValueError):
+            NgramStep(**kw)
+
+
+# --- 2. greedy: lossless, with the predicted acceptance lengths ---------------------------------
+
+class _Tiny(NamedTuple):
+    params: dict
+    cfg: TargetConfig
+
+
+VG = 24  # the greedy tests' vocabulary: small, so that the target's own output repeats itself
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny qwen3 (``helpers.TINY`` with a vocabulary of 24) with weights drawn as ``helpers.make_hf_model``
+    draws them (std 0.2, norm scales 1 + 0.1 N(0, 1)) so that argmax ties are improbable: (target, plain decoder)."""
+    from helpers import TINY
+
+    cfg = TargetConfig.from_hf(dict(TINY, model_type="qwen3", vocab_size=VG))
+    paths, tree = jax.tree_util.tree_flatten_with_path(init_params(cfg))
+    keys = jax.random.split(jax.random.key(0), len(paths))
+    leaves = [1.0 + 0.1 * jax.random.normal(k, v.shape) if "norm" in jax.tree_util.keystr(path)
+              else 0.2 * jax.random.normal(k, v.shape) for k, (path, v) in zip(keys, paths)]
+    params = jax.tree.unflatten(tree, leaves)
+    return _Tiny(params, cfg), Decoder(params, cfg)
+
+
+def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=()):
+    """Tokens committed per round by the rule when ``seq`` (prompt + the target's greedy tokens,
+    at least ``prompt_len + max_new`` long) is what the target produces."""
+    limit = prompt_len + max_new
+    start, rounds = prompt_len, []
+    if seq[start] in stop_ids:
+        return rounds
+    while start + 1 < limit:
+        v = min(bs, limit - start)
+        draft, _, _ = ref_propose(seq[: start + 1], bs - 1, nmax, nmin)
+        a = 0
+        while a < min(len(draft), v - 1) and draft[a] == seq[start + 1 + a]:
+            a += 1
+        produced = min(a + 1, limit - start - 1)
+        hits = [i for i, t in enumerate(seq[start + 1: start + 1 + produced]) if t in stop_ids]
+        if hits:
+            produced = hits[0] + 1
+        rounds.append(produced)
+        start += produced
+        if hits:
+            break
+    return rounds
+
+
+def _prompts(seed):
+    rs = np.random.RandomState(seed)
+    return [np.tile(rs.randint(4, VG, 5), 3).tolist(),  # repetitive: drafts from the prompt
+            rs.randint(4, VG, 13).tolist(),
+            [int(rs.randint(4, VG))],  # a single token
+            (rs.randint(4, VG, 3).tolist() * 4)[:10] + rs.randint(4, VG, 4).tolist()]
+
+
+@pytest.mark.parametrize("nmax,nmin,bs", [(4, 1, 8), (3, 2, 4)])
+def test_greedy_is_lossless_with_predicted_rounds(target, nmax, nmin, bs):
+    ck, plain = target
+    prompts, n_new = _prompts(bs), 40
+    free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]  # past the limit
+    dec = Decoder(ck.params, ck.cfg, drafter=(None, NgramStep(nmax, nmin, 8)), block_size=bs)
+    first = free[0][len(prompts[0]):]
+    at = next(i for i in range(10, n_new) if first.index(first[i]) == i)  # first emitted mid-sequence
+    stop = first[at]
+    longest, partial, cut = 0, 0, 0
+    for stops in ((), (stop,)):
+        got = dec.generate(prompts, n_new, stop_token_ids=stops)
+        for p, f, g in zip(prompts, free, got):
+            want = f[len(p): len(p) + n_new]
+            if stop in stops and stop in want:
+                want = want[: want.index(stop) + 1]
+            assert g.token_ids == want  # plain decoding's tokens (test_decode: with stops too)
+            assert g.acceptance_lengths == expected_rounds(f, len(p), bs, n_new, nmax, nmin, stops)
+            longest = max([longest, *g.acceptance_lengths])
+            partial += sum(1 < a < bs for a in g.acceptance_lengths)
+            if not stops:  # did the length limit cut the last round short?
+                beyond = expected_rounds(f, len(p), bs, n_new + bs, nmax, nmin)
+                cut += g.acceptance_lengths[-1] < beyond[len(g.acceptance_lengths) - 1]
+        if stops:
+            assert got[0].token_ids[-1] == stop and len(got[0].token_ids) == at + 1  # stopped mid-sequence
+    assert longest >= min(bs, 5) and partial > 0, (longest, partial)  # drafts accepted, up to mid-block rejections
+    assert cut > 0  # the length limit landed inside a block that would have committed more
+
+
+def test_the_convenience_forms(target):
+    ck, plain = target
+    prompts = _prompts(3)
+    want = [r.token_ids for r in plain.generate(prompts, 48)]  # the shape test_greedy_... compiled
+    dec = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=6))  # a bare step: no parameters
+    assert dec.block_size == 6 and [r.token_ids for r in dec.generate(prompts, 48)] == want
+    with pytest.raises(ValueError, match="block size 9"):
+        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), block_size=9)
+
+
+class CappedOracle:
+    """The target's own greedy continuation (``helpers.OracleDraft`` without errors), of which only
+    ``start % 3`` tokens are reported real: the loop must accept exactly those."""
+
+    tap_layers = ()
+
+    def __init__(self, vocab_size, max_block_size):
+        from helpers import OracleDraft
+
+        self.oracle, self.max_block_size = OracleDraft(vocab_size, max_block_size), max_block_size
+        self.init_cache, self.write_context = self.oracle.init_cache, self.oracle.write_context
+
+    def draft(self, *args, tokens):
+        return self.oracle.draft(*args), (args[4] % 3).astype(jnp.int32)
+
+    def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
+        d, n = self.draft(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
+        return jnp.where(jax.nn.one_hot(d, self.oracle.vocab_size) > 0, 0.0, -jnp.inf), n
+
+
+def test_loop_accepts_only_the_reported_draft_tokens(target):
+    from helpers import oracle_params
+
+    ck, plain = target
+    prompts, bs, n_new = _prompts(5), 8, 48
+    greedy = [r.token_ids for r in plain.generate(prompts, n_new)]
+    params = oracle_params(prompts, greedy, [set()] * len(prompts))
+    dec = Decoder(ck.params, ck.cfg, drafter=(params, CappedOracle(ck.cfg.vocab_size, bs)))
+    for p, g, r in zip(prompts, greedy, dec.generate(prompts, n_new)):
+        assert r.token_ids == g
+        start, limit, want = len(p), len(p) + n_new, []
+        while start + 1 < limit:
+            want.append(min(start % 3 + 1, limit - start - 1))
+            start += want[-1]
+        assert r.acceptance_lengths == want
+    # under sampling too: at most start % 3 draft tokens per round, and the cap is reached
+    s = Decoder(ck.params, ck.cfg, drafter=(params, CappedOracle(ck.cfg.vocab_size, bs)), sampling=Sampling(0.3))
+    reached = 0
+    for p, r in zip(prompts, s.generate(prompts, n_new, seed=[1, 2, 3, 4])):
+        start = len(p)
+        for a in r.acceptance_lengths:
+            assert a <= start % 3 + 1
+            reached += a == start % 3 + 1 > 1
+            start += a
+    assert reached > 0
+
+
+# --- 3. sampling keeps the target's distribution -------------------------------------------------
+
+V = 8
+PROMPT = [1, 5, 2, 7, 3, 1, 5, 2, 6]  # repeats: the first sampled token often has an earlier occurrence
+N, CHUNK = 4096, 2048  # ~3 s of decoding per run on 2 cores after a ~15 s compile
+P_REJECT = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    hf = dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+              rms_norm_eps=1e-6, tie_word_embeddings=False)
+    cfg = TargetConfig.from_hf(hf)
+    params = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_params(cfg, seed=1))  # peakier logits
+    return cfg, params
+
+
+def exact_joint(cfg, params, s: Sampling) -> np.ndarray:
+    """``[V, V, V]`` probability of the first three new tokens, by enumeration of all prefixes."""
+    pairs = np.array([(a, b) for a in range(V) for b in range(V)], np.int32)
+    seqs = np.concatenate([np.tile(PROMPT, (len(pairs), 1)), pairs], axis=1)
+    pos = np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape)
+    model = Target(cfg)
+    hidden, _, _ = model.apply({"params": params}, jnp.asarray(seqs), jnp.asarray(pos))
+    p = np.asarray(probs(model.apply({"params": params}, hidden, method="logits"), s), np.float64)
+    n = len(PROMPT)
+    return p[0, n - 1][:, None, None] * p[::V, n].reshape(V, V)[:, :, None] * p[:, n + 1].reshape(V, V, V)
+
+
+def sampled_joint(dec: Decoder, n: int = N) -> tuple[np.ndarray, int]:
+    """Counts of the first three new tokens over ``n`` seeds, and how many rounds committed 2 tokens."""
+    counts, multi = np.zeros((V, V, V)), 0
+    for c in range(0, n, CHUNK):
+        for r in dec.generate([PROMPT] * CHUNK, 3, (), seed=list(range(c, c + CHUNK))):
+            counts[tuple(r.token_ids)] += 1
+            multi += r.acceptance_lengths == [2]
+    return counts, multi
+
+
+def chi_square_p(counts: np.ndarray, expected_p: np.ndarray) -> float:
+    """p-value of a chi-square goodness-of-fit test, cells with expected count < 5 pooled."""
+    counts, exp = counts.ravel(), expected_p.ravel() * counts.sum()
+    big = exp >= 5
+    obs, ex = np.append(counts[big], counts[~big].sum()), np.append(exp[big], exp[~big].sum())
+    if ex[-1] == 0:
+        obs, ex = obs[:-1], ex[:-1]
+    return float(stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue)
+
+
+@pytest.mark.parametrize("s", [Sampling(0.8), Sampling(1.0, top_p=0.9, top_k=5), Sampling(0.01),
+                               Sampling(2.0, top_p=0.3), Sampling(1.0, top_k=1)])
+def test_draft_logits_give_a_point_mass_under_any_sampling(s):
+    """``q`` is exactly one-hot at every draft offset, padding included (the rejection rule then
+    accepts x with probability p(x) and resamples from norm(p with x removed))."""
+    step = NgramStep(ngram_max=2, ngram_min=1, block_size=6)
+    tokens = jnp.asarray([[1, 2, 3, 1, 2, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5]], jnp.int32)
+    start = jnp.asarray([4, 1], jnp.int32)
+    params = {"embedding": jnp.zeros((V, 4))}  # only its shape is read: the vocabulary
+    logits, num = step.logits(None, params, None, tokens[:, 0], start, start, 6, tokens=tokens)
+    draft, num2 = step.draft(None, params, None, tokens[:, 0], start, start, 6, tokens=tokens)
+    q = np.asarray(probs(logits, s))
+    assert logits.dtype == jnp.float32 and q.shape == (2, 5, V) and num.tolist() == num2.tolist() == [3, 1]
+    np.testing.assert_array_equal(q, np.eye(V)[np.asarray(draft)])
+
+
+@pytest.mark.parametrize("s", [Sampling(0.8), Sampling(1.0, top_p=0.9, top_k=5)], ids=["t0.8", "t1-p0.9-k5"])
+def test_sampling_keeps_the_target_distribution(tiny, s):
+    cfg, params = tiny
+    dec = Decoder(params, cfg, drafter=NgramStep(block_size=4), sampling=s)
+    counts, multi = sampled_joint(dec)
+    assert multi > N // 20  # drafts were accepted in many rounds
+    assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
+    # the check has teeth at this N: the same counts against another temperature's distribution fail
+    assert chi_square_p(counts, exact_joint(cfg, params, Sampling(s.temperature * 1.5, s.top_p, s.top_k))) < P_REJECT
+
+
+def test_the_test_rejects_a_residual_that_keeps_the_draft_token(tiny, monkeypatch):
+    """Fault: at the first rejection, resample from the target's p (the rejected token included)
+    instead of norm(p with x removed): the output is no longer the target's distribution."""
+    cfg, params = tiny
+    s = Sampling(0.8)
+    monkeypatch.setattr(decode, "accept", _accept_without_residual)
+    counts, _ = sampled_joint(Decoder(params, cfg, drafter=NgramStep(block_size=4), sampling=s), CHUNK)
+    assert chi_square_p(counts, exact_joint(cfg, params, s)) < P_REJECT  # p ~ 1e-17 at this n
+
+
+def _accept_without_residual(key, draft, q, p, num_valid):
+    """``sampling.accept`` whose rejection resamples from ``p`` instead of ``norm(max(p - q, 0))``."""
+    k = draft.shape[1]
+
+    def row(key, draft, q, p, n):
+        k_u, k_b = jax.random.split(key)
+        u = jax.random.uniform(k_u, (k,), jnp.float32)
+        px = jnp.take_along_axis(p[:k], draft[:, None], axis=-1)[:, 0]
+        qx = jnp.take_along_axis(q, draft[:, None], axis=-1)[:, 0]
+        a = jnp.sum(jnp.cumprod(((u * qx < px) & (jnp.arange(k) < n)).astype(jnp.int32)))
+        return a, jax.random.categorical(k_b, jnp.log(p[a])).astype(jnp.int32)
+
+    return jax.vmap(row)(key, draft, q, p, num_valid)
