@@ -12,9 +12,22 @@ def recipe(target: str, data: str, out_dir: str, num_layers: int = 5) -> ConfigD
     c.target, c.data, c.out_dir = target, data, out_dir
     c.drafter.num_layers = num_layers
     c.drafter.block_size = 16
-    c.train.update(dict(steps=10_000, batch_size=32, grad_accum=4, max_len=3072, num_anchors=512, anchor_chunk=32,
-                        gamma=7.0, lr=6e-4, warmup_frac=0.04, weight_decay=0.0, grad_clip=1.0,
-                        compute_dtype="bfloat16"))
+    c.train.update(
+        dict(
+            steps=10_000,
+            batch_size=32,
+            grad_accum=4,
+            max_len=3072,
+            num_anchors=512,
+            anchor_chunk=32,
+            gamma=7.0,
+            lr=6e-4,
+            warmup_frac=0.04,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            compute_dtype="bfloat16",
+        )
+    )
     c.eval.update(dict(every=500, val_size=256, decode_prompts=8, decode_max_new_tokens=256))
     c.ckpt.update(dict(every=500, keep=3))
     return c

@@ -41,9 +41,20 @@ def _timing(r) -> dict:
     return {"tokens": r.num_output_tokens, "decode_s": r.decode_s, "prefill_s": r.prefill_s, "compile_s": r.compile_s}
 
 
-def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object], *, max_new_tokens: int,
-        stop_ids: Sequence[int], records: Path, settings: dict, batch_size: int = 1, seed: int = 0,
-        progress: Callable | None = None) -> list[dict]:
+def run(
+    prompts: Sequence[EvalPrompt],
+    tok,
+    plain,
+    speculative: dict[int, object],
+    *,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    records: Path,
+    settings: dict,
+    batch_size: int = 1,
+    seed: int = 0,
+    progress: Callable | None = None,
+) -> list[dict]:
     """Measure every prompt (and turn) with ``plain`` and each speculative decoder, interleaved.
 
     Args:
@@ -71,26 +82,41 @@ def run(prompts: Sequence[EvalPrompt], tok, plain, speculative: dict[int, object
     done = _open_records(records, settings)
     # a record is reused only for the same item with the same text (another prompts file may reuse ids)
     items = {(p.dataset, p.id): p for p in prompts}
-    by_key = {(r["dataset"], r["id"], r["turn"]): r for r in done
-              if r.get("text_sha") == _text_sha(items.get((r["dataset"], r["id"])), r["turn"])}
+    by_key = {
+        (r["dataset"], r["id"], r["turn"]): r
+        for r in done
+        if r.get("text_sha") == _text_sha(items.get((r["dataset"], r["id"])), r["turn"])
+    }
     max_turns = max(len(p.turns) for p in prompts)
     index = {(p.dataset, p.id): i for i, p in enumerate(prompts)}
     with records.open("a", encoding="utf-8") as out:
         for turn in range(max_turns):
             todo = [p for p in prompts if len(p.turns) > turn and (p.dataset, p.id, turn) not in by_key]
             for i in range(0, len(todo), batch_size):
-                chunk = todo[i: i + batch_size]
+                chunk = todo[i : i + batch_size]
                 ids = [chat_ids(tok, _messages(p, turn, by_key, tok)) for p in chunk]
                 seeds = [seed + index[(p.dataset, p.id)] for p in chunk]
                 base = plain.generate(ids, max_new_tokens, stop_ids, seeds)
-                new = [{"dataset": p.dataset, "id": p.id, "turn": turn, "text_sha": _text_sha(p, turn),
+                new = [
+                    {
+                        "dataset": p.dataset,
+                        "id": p.id,
+                        "turn": turn,
+                        "text_sha": _text_sha(p, turn),
                         "prompt_tokens": len(x),
-                        "output_ids": r.token_ids, "loops": loops(r.token_ids), "plain": _timing(r)}
-                       for p, x, r in zip(chunk, ids, base)]
+                        "output_ids": r.token_ids,
+                        "loops": loops(r.token_ids),
+                        "plain": _timing(r),
+                    }
+                    for p, x, r in zip(chunk, ids, base)
+                ]
                 for bs, dec in speculative.items():
                     for rec, r, b in zip(new, dec.generate(ids, max_new_tokens, stop_ids, seeds), base):
-                        rec[f"b{bs}"] = {**_timing(r), "acceptance_lengths": r.acceptance_lengths,
-                                         "identical": r.token_ids == b.token_ids}
+                        rec[f"b{bs}"] = {
+                            **_timing(r),
+                            "acceptance_lengths": r.acceptance_lengths,
+                            "identical": r.token_ids == b.token_ids,
+                        }
                 for rec in new:
                     for key in ["plain"] + [f"b{bs}" for bs in speculative]:
                         # decode and compile time: each row's share of the batch (throughput); the
@@ -165,8 +191,10 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
         path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
         return []
     if header.get("settings_key") != key:
-        raise BenchError(f"{path} holds records of a run with other settings ({header.get('settings')}); "
-                         "pass another --json-out, or delete the file to start over")
+        raise BenchError(
+            f"{path} holds records of a run with other settings ({header.get('settings')}); "
+            "pass another --json-out, or delete the file to start over"
+        )
     recs = rows[1:]
     if skipped or not path.read_text(encoding="utf-8").endswith("\n"):
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in [header, *recs]))
@@ -185,7 +213,7 @@ def summarise(records: Sequence[dict], block_size: int) -> dict:
         return {"prompts": 0}
     acc = [a for r in recs for a in r[k]["acceptance_lengths"]]
     per_prompt = [float(np.mean(r[k]["acceptance_lengths"])) for r in recs if r[k]["acceptance_lengths"]]
-    hist = np.bincount(np.asarray(acc, int), minlength=block_size + 1)[1: block_size + 1]
+    hist = np.bincount(np.asarray(acc, int), minlength=block_size + 1)[1 : block_size + 1]
     rounds = max(len(acc), 1)
     offset_rate = [float(np.sum(np.asarray(acc) > j) / rounds) for j in range(1, block_size)]
 
@@ -219,28 +247,36 @@ def report(records: Sequence[dict], block_sizes: Sequence[int], datasets: Sequen
     groups = {d: [r for r in records if r["dataset"] == d] for d in datasets}
     if len(datasets) > 1:
         groups["all"] = list(records)
-    table = {d: {str(b): {"all": summarise(rs, b), "loop_free": summarise([r for r in rs if not r["loops"]], b)}
-                 for b in block_sizes} for d, rs in groups.items()}
+    table = {
+        d: {
+            str(b): {"all": summarise(rs, b), "loop_free": summarise([r for r in rs if not r["loops"]], b)}
+            for b in block_sizes
+        }
+        for d, rs in groups.items()
+    }
     head = table["all" if len(datasets) > 1 else datasets[0]][str(block_sizes[0])]["all"]
     return {"tau": head.get("tau"), "speedup": head.get("speedup"), "block_size": block_sizes[0], "table": table}
 
 
 def markdown(rep: dict) -> str:
     """The report as a Markdown table (one row per dataset and block size)."""
-    lines = ["| dataset | block | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
-             "TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dataset | block | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
+        "TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for d, by_block in rep["table"].items():
         for b, s in by_block.items():
             a, lf = s["all"], s["loop_free"]
             if not a["prompts"]:
                 continue
-            lf_cells = (f"{lf['tau']:.2f} | {lf['speedup']:.2f}x" if lf["prompts"] else "- | -")
+            lf_cells = f"{lf['tau']:.2f} | {lf['speedup']:.2f}x" if lf["prompts"] else "- | -"
             lines.append(
                 f"| {d} | {b} | {a['prompts']} | {a['tau']:.2f} | {a['tau_per_prompt']:.2f} | "
                 f"{a['plain_tokens_per_s']:.1f} | {a['dflash_tokens_per_s']:.1f} | {a['speedup']:.2f}x | "
                 f"{a['ttft_plain_s'] * 1e3:.0f} / {a['ttft_dflash_s'] * 1e3:.0f} | {a['looping']} | {lf_cells} | "
-                f"{a['identical']}/{a['prompts']} |")
+                f"{a['identical']}/{a['prompts']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -263,7 +299,9 @@ def plot(rep: dict, out_prefix: Path) -> list[Path]:
                     continue
                 if kind == "histogram":
                     h = np.asarray(s["acceptance_histogram"], float)
-                    ax.plot(np.arange(1, len(h) + 1), h / max(h.sum(), 1), marker="o", label=f"{d} (tau {s['tau']:.2f})")
+                    ax.plot(
+                        np.arange(1, len(h) + 1), h / max(h.sum(), 1), marker="o", label=f"{d} (tau {s['tau']:.2f})"
+                    )
                     ax.set_xlabel("tokens committed per round (acceptance length)")
                 else:
                     r = s["offset_acceptance"]
@@ -286,8 +324,12 @@ def write_outputs(rep: dict, records: Sequence[dict], settings: dict, json_out: 
     """``json_out`` (report + every per-turn record, output ids dropped), ``.md`` and the two PNGs."""
     json_out.parent.mkdir(parents=True, exist_ok=True)
     slim = [{k: v for k, v in r.items() if k != "output_ids"} for r in records]
-    atomic_write_text(json_out, json.dumps({**rep, "settings": settings, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                            "records": slim}, indent=1))
+    atomic_write_text(
+        json_out,
+        json.dumps(
+            {**rep, "settings": settings, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "records": slim}, indent=1
+        ),
+    )
     md = json_out.with_suffix(".md")
     md.write_text(markdown(rep))
     return [json_out, md, *plot(rep, json_out.with_suffix(""))]

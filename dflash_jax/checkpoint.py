@@ -47,8 +47,15 @@ FORMAT = "dflash-jax-target"
 FORMAT_VERSION = 1
 HF_MARKER = ".dflash-jax-gguf-sha256"  # in HF folders made from a GGUF: the GGUF's hash
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
     "generation_config.json",
 )
 
@@ -122,14 +129,23 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         shape, or a tensor the config does not describe is present; the message names it.
     """
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
-    params, unused = read_safetensors(_safetensors_files(hf_dir), hf_param_names(cfg), param_shapes(cfg),
-                                      ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n == tied_head)
+    params, unused = read_safetensors(
+        _safetensors_files(hf_dir),
+        hf_param_names(cfg),
+        param_shapes(cfg),
+        ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n == tied_head,
+    )
     if unused:
-        raise CheckpointError(f"{len(unused)} tensor(s) in {hf_dir} that config.json does not describe, first: "
-                              f"{sorted(unused)[0]} (a config that does not match the weights?)")
+        raise CheckpointError(
+            f"{len(unused)} tensor(s) in {hf_dir} that config.json does not describe, first: "
+            f"{sorted(unused)[0]} (a config that does not match the weights?)"
+        )
     if tied_head and any(tied_head in _tensor_names(p) for p in _safetensors_files(hf_dir)):
-        warnings.warn(f"{hf_dir}: ignored lm_head.weight, since config.json ties the LM head to the embedding "
-                      "(tie_word_embeddings); set it to false if the head is a separate matrix", stacklevel=2)
+        warnings.warn(
+            f"{hf_dir}: ignored lm_head.weight, since config.json ties the LM head to the embedding "
+            "(tie_word_embeddings); set it to false if the head is a separate matrix",
+            stacklevel=2,
+        )
     return params
 
 
@@ -146,7 +162,9 @@ def _abstract_params(cfg: TargetConfig, dtype, mesh=None):
 # ----------------------------------------------------------------------------- conversion
 
 
-def convert_hf(hf_dir: str | Path, out: str | Path, *, source_sha256: str | None = None, overwrite: bool = False) -> Path:
+def convert_hf(
+    hf_dir: str | Path, out: str | Path, *, source_sha256: str | None = None, overwrite: bool = False
+) -> Path:
     """Convert a Hugging Face checkpoint folder to an orbax target checkpoint at ``out``.
 
     The folder needs ``config.json``, safetensors weights and tokenizer files.
@@ -217,8 +235,10 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32", trust_remote_code=False)
     except Exception as e:  # the gguf reader raises many types for a cut or garbled file
-        raise CheckpointError(f"{gguf_file} is not a readable GGUF model ({type(e).__name__}: {str(e)[:200]}); "
-                              "check the file (a cut download?) or convert it with llama.cpp's tools") from None
+        raise CheckpointError(
+            f"{gguf_file} is not a readable GGUF model ({type(e).__name__}: {str(e)[:200]}); "
+            "check the file (a cut download?) or convert it with llama.cpp's tools"
+        ) from None
     # transformers marks GGUF-loaded models as quantised and refuses to save them; the
     # weights are already dequantised floats, so drop the marker.
     model.hf_quantizer = None
@@ -318,7 +338,9 @@ def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) 
         raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {FORMAT!r}")
     cfg = TargetConfig.from_hf(read_json(path / "config.json"), dtype=dtype)
     if meta["identity"]["config_sha256"] != config_hash(cfg):
-        raise CheckpointError(f"{path}/config.json does not match the hash recorded in {META_FILE}: edited after conversion?")
+        raise CheckpointError(
+            f"{path}/config.json does not match the hash recorded in {META_FILE}: edited after conversion?"
+        )
     params = restore_params(path / "params", _abstract_params(cfg, jnp.dtype(dtype), mesh))
     return TargetCheckpoint(params, cfg, path, meta)
 
@@ -335,5 +357,7 @@ def restore_params(folder: Path, abstract):
         return ocp.StandardCheckpointer().restore(folder.resolve(), abstract)
     except Exception as e:  # orbax raises many types; report one clear error
         first = (str(e).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:200]
-        raise CheckpointError(f"cannot restore {folder} ({type(e).__name__}: {first}): the checkpoint is damaged or "
-                              "incomplete; write it again (convert, train or import-drafter)") from None
+        raise CheckpointError(
+            f"cannot restore {folder} ({type(e).__name__}: {first}): the checkpoint is damaged or "
+            "incomplete; write it again (convert, train or import-drafter)"
+        ) from None

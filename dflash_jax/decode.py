@@ -109,8 +109,20 @@ def sample_draft(key: Array, q: Array) -> Array:
     return jax.vmap(sample)(key, q)
 
 
-def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, max_new: Array, stop_ids: Array,
-            seeds: Array, *, cfg: TargetConfig, shape: LoopShape, drafter=None, sampling: Sampling = GREEDY) -> LoopState:
+def prefill(
+    target_params,
+    drafter_params,
+    prompts: Array,
+    prompt_lens: Array,
+    max_new: Array,
+    stop_ids: Array,
+    seeds: Array,
+    *,
+    cfg: TargetConfig,
+    shape: LoopShape,
+    drafter=None,
+    sampling: Sampling = GREEDY,
+) -> LoopState:
     """Run the padded prompts through the target and pick the first new token.
 
     Args:
@@ -124,7 +136,8 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     taps = drafter.tap_layers if drafter is not None else ()
     hidden, feats, cache = Target(cfg).apply(
-        {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps)
+        {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps
+    )
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     logits = Target(cfg).apply({"params": target_params}, last, method="logits")
     key = jax.vmap(jax.random.key)(seeds)
@@ -139,14 +152,34 @@ def prefill(target_params, drafter_params, prompts: Array, prompt_lens: Array, m
     done = _is_stop(first, stop_ids) | (prompt_lens + 1 >= limit)
     dcache = None
     if drafter is not None:
-        dcache = drafter.write_context(drafter_params, drafter.init_cache(b, shape.cache_len), feats,
-                                       jnp.zeros((b,), jnp.int32))
-    return LoopState(tokens, prompt_lens, limit, done, cache, dcache, jnp.zeros((b,), jnp.int32),
-                     jnp.zeros((b, shape.max_rounds), jnp.int32), key)
+        dcache = drafter.write_context(
+            drafter_params, drafter.init_cache(b, shape.cache_len), feats, jnp.zeros((b,), jnp.int32)
+        )
+    return LoopState(
+        tokens,
+        prompt_lens,
+        limit,
+        done,
+        cache,
+        dcache,
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b, shape.max_rounds), jnp.int32),
+        key,
+    )
 
 
-def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array, *, cfg: TargetConfig,
-                shape: LoopShape, drafter=None, sampling: Sampling = GREEDY, on_round=None) -> LoopState:
+def decode_loop(
+    target_params,
+    drafter_params,
+    state: LoopState,
+    stop_ids: Array,
+    *,
+    cfg: TargetConfig,
+    shape: LoopShape,
+    drafter=None,
+    sampling: Sampling = GREEDY,
+    on_round=None,
+) -> LoopState:
     """Speculative rounds until every sequence is done: one ``lax.while_loop``.
 
     ``on_round``: optional host function ``(new [B, block] int32, produced [B] int32) -> None``
@@ -176,8 +209,13 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
                 num_valid = jnp.minimum(num_valid, num_draft)
             block = block.at[:, 1:].set(draft)
         positions = s.start[:, None] + offsets
-        hidden, feats, tcache = model.apply({"params": target_params}, block, positions, s.target_cache,
-                                            drafter.tap_layers if drafter is not None else ())
+        hidden, feats, tcache = model.apply(
+            {"params": target_params},
+            block,
+            positions,
+            s.target_cache,
+            drafter.tap_layers if drafter is not None else (),
+        )
         logits = model.apply({"params": target_params}, hidden, method="logits")
         if sampling.greedy:
             posterior = jnp.argmax(logits, -1).astype(jnp.int32)
@@ -196,15 +234,20 @@ def decode_loop(target_params, drafter_params, state: LoopState, stop_ids: Array
         hit = jnp.any(stops, axis=1)
         produced = jnp.where(hit, first_stop + 1, produced)
         produced = jnp.where(active, produced, 0)
-        tokens = _row_write(s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs)))
+        tokens = _row_write(
+            s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs))
+        )
         if drafter is not None:
-            dcache = drafter.write_context(drafter_params, dcache, feats, s.start)  # slots >= new start are masked later
+            dcache = drafter.write_context(
+                drafter_params, dcache, feats, s.start
+            )  # slots >= new start are masked later
         if on_round is not None:
             jax.experimental.io_callback(on_round, None, new, produced, ordered=True)
         start = s.start + produced
         done = s.done | hit | (start + 1 >= s.limit)
-        accepted = jnp.where(active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]),
-                             produced[:, None], s.accepted)
+        accepted = jnp.where(
+            active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]), produced[:, None], s.accepted
+        )
         return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key)
 
     def cond(s: LoopState):
@@ -245,8 +288,15 @@ class Decoder:
     length to a multiple of 256, so a new prompt reuses an executable compiled earlier.
     """
 
-    def __init__(self, target_params, cfg: TargetConfig, drafter=None, block_size: int | None = None, mesh=None,
-                 sampling: Sampling = GREEDY):
+    def __init__(
+        self,
+        target_params,
+        cfg: TargetConfig,
+        drafter=None,
+        block_size: int | None = None,
+        mesh=None,
+        sampling: Sampling = GREEDY,
+    ):
         """Args:
           target_params, cfg: the target (``Target`` parameters and config).
           drafter: ``None`` (plain decoding, block size 1), ``(params, DrafterConfig)``, or
@@ -286,8 +336,10 @@ class Decoder:
             limit = self.drafter.max_block_size
             self.block_size = int(limit if block_size is None else block_size)
             if not 2 <= self.block_size <= limit:
-                raise ValueError(f"block size {self.block_size} not in [2, {limit}] for this drafter; "
-                                 f"pass --block-size between 2 and {limit}")
+                raise ValueError(
+                    f"block size {self.block_size} not in [2, {limit}] for this drafter; "
+                    f"pass --block-size between 2 and {limit}"
+                )
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
         self._compiled: dict[tuple, tuple] = {}
@@ -321,17 +373,31 @@ class Decoder:
         args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop), i32(b))
         pre_c = pre.lower(*args).compile()
         # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh)
-        state_abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                                      jax.eval_shape(pre, *args), pre_c.output_shardings)
+        state_abstract = jax.tree.map(
+            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+            jax.eval_shape(pre, *args),
+            pre_c.output_shardings,
+        )
         on_round = self._on_round if key[2] else None
-        loop = jax.jit(partial(decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling,
-                               on_round=on_round), donate_argnums=(2,))
+        loop = jax.jit(
+            partial(
+                decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling, on_round=on_round
+            ),
+            donate_argnums=(2,),
+        )
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids: Sequence[int] = (),
-                 seed: int | Sequence[int] = 0, *, _stream: bool = False):
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | Sequence[int] = 0,
+        *,
+        _stream: bool = False,
+    ):
         """(Speculative) decoding of a batch of token-id prompts, greedy or with ``self.sampling``.
 
         Args:
@@ -366,7 +432,8 @@ class Decoder:
         if longest + max_new_tokens > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {self.cfg.max_position_embeddings} positions; shorten one of them")
+                f"context of {self.cfg.max_position_embeddings} positions; shorten one of them"
+            )
         shape = self.shape_for([len(p) for p in prompts], max_new_tokens)
         stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
         pre, loop, compile_s = self.compile(shape, len(stops), _stream)
@@ -389,14 +456,20 @@ class Decoder:
         state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops))
         t2 = time.perf_counter()
         tokens, start, limit, rounds, accepted = jax.device_get(
-            (state.tokens, state.start, state.limit, state.rounds, state.accepted))
+            (state.tokens, state.start, state.limit, state.rounds, state.accepted)
+        )
         results = []
         for i in range(n):
             end = min(int(start[i]) + 1, int(limit[i]))
-            results.append(GenerationResult(
-                token_ids=tokens[i, lens[i]:end].tolist(),
-                acceptance_lengths=accepted[i, : rounds[i]].tolist(),
-                prefill_s=t1 - t0, decode_s=t2 - t1, compile_s=compile_s))
+            results.append(
+                GenerationResult(
+                    token_ids=tokens[i, lens[i] : end].tolist(),
+                    acceptance_lengths=accepted[i, : rounds[i]].tolist(),
+                    prefill_s=t1 - t0,
+                    decode_s=t2 - t1,
+                    compile_s=compile_s,
+                )
+            )
         return results
 
     def _on_round(self, new, produced) -> None:
@@ -406,8 +479,9 @@ class Decoder:
             if any(rows):
                 self._sink(rows)
 
-    def stream(self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int] = (),
-               seed: int = 0) -> Iterator[list[int]]:
+    def stream(
+        self, prompt: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int] = (), seed: int = 0
+    ) -> Iterator[list[int]]:
         """Decode one prompt and yield its new token ids as they are committed (one list per round;
         the first holds the token from prefill). The concatenation equals ``generate``'s output.
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import jax
 
 
-def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> None:
+def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None) -> None:
     """Join the job. With no arguments, JAX detects the cluster (TPU pod slice, SLURM, GKE).
 
     On CPU the cross-process collectives use gloo (the tests run two processes on one machine).

@@ -89,27 +89,41 @@ class DrafterConfig:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
         if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
             raise ConfigError(
-                f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and in [0, {self.num_target_layers})")
+                f"target_layer_ids {list(self.target_layer_ids)} must be non-empty and in [0, {self.num_target_layers})"
+            )
         if self.num_target_layers - 1 in self.target_layer_ids:
             warnings.warn(
                 f"target_layer_ids taps the last target layer ({self.num_target_layers - 1}); dflash-jax feeds its raw "
                 "output (SPEC), but dflash==0.1.0 reads Hugging Face hidden_states[L], which is after the final "
-                "norm, so this drafter will not behave the same there; the default ids never tap it", stacklevel=2)
+                "norm, so this drafter will not behave the same there; the default ids never tap it",
+                stacklevel=2,
+            )
 
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
 
     @classmethod
-    def for_target(cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int, **kw) -> DrafterConfig:
+    def for_target(
+        cls, target: TargetConfig, num_layers: int, block_size: int, mask_token_id: int, **kw
+    ) -> DrafterConfig:
         """A drafter shaped like ``target`` (its heads, head_dim, MLP width and RoPE), ``num_layers`` deep."""
         ids = kw.pop("target_layer_ids", None) or default_target_layer_ids(target.num_layers, num_layers)
         base = dict(
-            hidden_size=target.hidden_size, intermediate_size=target.intermediate_size, num_layers=num_layers,
-            num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
-            vocab_size=target.vocab_size, num_target_layers=target.num_layers, target_layer_ids=tuple(ids),
-            block_size=block_size, mask_token_id=mask_token_id, rms_norm_eps=target.rms_norm_eps,
-            rope_theta=target.rope_theta, rope_scaling=target.rope_scaling,
+            hidden_size=target.hidden_size,
+            intermediate_size=target.intermediate_size,
+            num_layers=num_layers,
+            num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads,
+            head_dim=target.head_dim,
+            vocab_size=target.vocab_size,
+            num_target_layers=target.num_layers,
+            target_layer_ids=tuple(ids),
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            rope_scaling=target.rope_scaling,
             max_position_embeddings=target.max_position_embeddings,
         )
         base.update(kw)
@@ -129,8 +143,10 @@ class DrafterConfig:
             raise ConfigError("drafter config.json: dflash_config must be an object")
         arch = hf.get("architectures") or []
         if any("DFlash2" in str(a) for a in arch):
-            raise ConfigError(f"drafter config.json is a DFlash 2 drafter ({arch[0]}); this version of dflash-jax reads "
-                              "DFlash (DFlashDraftModel) drafters only, so it refuses rather than run it as one")
+            raise ConfigError(
+                f"drafter config.json is a DFlash 2 drafter ({arch[0]}); this version of dflash-jax reads "
+                "DFlash (DFlashDraftModel) drafters only, so it refuses rather than run it as one"
+            )
 
         def get(name, default=None):
             return dcfg.get(name, hf.get(name, default))
@@ -138,15 +154,18 @@ class DrafterConfig:
         def number(name, kind=int, default=None, top_only=False):
             value = hf.get(name, default) if top_only else get(name, default)
             if value is None:
-                raise ConfigError(f"drafter config.json has no {name}" + ("" if top_only else
-                                                                          " (in dflash_config or at the top level)"))
+                raise ConfigError(
+                    f"drafter config.json has no {name}"
+                    + ("" if top_only else " (in dflash_config or at the top level)")
+                )
             try:
                 if kind is int and (isinstance(value, bool) or float(value) != int(value)):
                     raise ValueError
                 return kind(value)
             except (TypeError, ValueError):
-                raise ConfigError(f"drafter config.json: {name} must be {'an integer' if kind is int else 'a number'}, "
-                                  f"got {value!r}") from None
+                raise ConfigError(
+                    f"drafter config.json: {name} must be {'an integer' if kind is int else 'a number'}, got {value!r}"
+                ) from None
 
         if "num_target_layers" not in hf and "num_target_layers" not in dcfg:
             raise ConfigError("drafter config.json has no num_target_layers (required by the released format)")
@@ -155,25 +174,36 @@ class DrafterConfig:
         n = number("num_hidden_layers", top_only=True)
         for name in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads"):
             number(name, top_only=True)  # a clear error before the config is read further
-        rope = TargetConfig.from_hf({**hf, "model_type": "qwen3", "use_sliding_window": False,
-                                     "layer_types": None, "num_hidden_layers": n})
+        rope = TargetConfig.from_hf(
+            {**hf, "model_type": "qwen3", "use_sliding_window": False, "layer_types": None, "num_hidden_layers": n}
+        )
         ids = get("target_layer_ids") or default_target_layer_ids(number("num_target_layers"), n)
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ConfigError(f"drafter config.json: target_layer_ids must be a list of integers, got {ids!r}")
         softcap = get("final_logit_softcapping")
         return cls(
-            hidden_size=number("hidden_size", top_only=True), intermediate_size=number("intermediate_size", top_only=True),
-            num_layers=n, num_heads=rope.num_heads, num_kv_heads=rope.num_kv_heads, head_dim=rope.head_dim,
-            vocab_size=number("vocab_size", top_only=True), num_target_layers=number("num_target_layers"),
-            target_layer_ids=tuple(ids), block_size=number("block_size", default=16),
-            mask_token_id=number("mask_token_id"), rms_norm_eps=rope.rms_norm_eps, rope_theta=rope.rope_theta,
-            rope_scaling=rope.rope_scaling, layer_types=tuple(hf.get("layer_types") or ()),
+            hidden_size=number("hidden_size", top_only=True),
+            intermediate_size=number("intermediate_size", top_only=True),
+            num_layers=n,
+            num_heads=rope.num_heads,
+            num_kv_heads=rope.num_kv_heads,
+            head_dim=rope.head_dim,
+            vocab_size=number("vocab_size", top_only=True),
+            num_target_layers=number("num_target_layers"),
+            target_layer_ids=tuple(ids),
+            block_size=number("block_size", default=16),
+            mask_token_id=number("mask_token_id"),
+            rms_norm_eps=rope.rms_norm_eps,
+            rope_theta=rope.rope_theta,
+            rope_scaling=rope.rope_scaling,
+            layer_types=tuple(hf.get("layer_types") or ()),
             sliding_window=hf.get("sliding_window") if "sliding_attention" in (hf.get("layer_types") or ()) else None,
             attention_bias=bool(hf.get("attention_bias", False)),
             input_embedding_scale=number("input_embedding_scale", float, 1.0),
             output_multiplier=number("output_multiplier", float, 1.0),
             final_logit_softcapping=number("final_logit_softcapping", float) if softcap else None,
-            max_position_embeddings=number("max_position_embeddings", default=40960, top_only=True), dtype=dtype,
+            max_position_embeddings=number("max_position_embeddings", default=40960, top_only=True),
+            dtype=dtype,
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:
@@ -183,19 +213,34 @@ class DrafterConfig:
             rope = {"rope_type": "llama3", "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
             rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
         out = {
-            "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers, "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim, "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta, "rope_parameters": rope,
-            "max_position_embeddings": self.max_position_embeddings, "attention_bias": self.attention_bias,
-            "hidden_act": "silu", "tie_word_embeddings": False, "layer_types": list(self.layer_types),
-            "sliding_window": self.sliding_window, "use_sliding_window": self.sliding_window is not None,
-            "num_target_layers": self.num_target_layers, "block_size": self.block_size,
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": rope,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window,
+            "use_sliding_window": self.sliding_window is not None,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
             "dflash_config": {
-                "mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids),
-                "block_size": self.block_size, "input_embedding_scale": self.input_embedding_scale,
-                "output_multiplier": self.output_multiplier, "final_logit_softcapping": self.final_logit_softcapping,
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+                "block_size": self.block_size,
+                "input_embedding_scale": self.input_embedding_scale,
+                "output_multiplier": self.output_multiplier,
+                "final_logit_softcapping": self.final_logit_softcapping,
             },
         }
         if target_identity:
@@ -336,8 +381,11 @@ def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]
     """Released tensor name -> (our param path, transpose?): the one place that names this module's
     parameters in the released DFlash format (SPEC "Released drafter format"; ``drafter_io`` reads
     and writes through it). Ours use the same names with ``layers_{i}`` and ``[in, out]`` kernels."""
-    names = {"norm.weight": (("norm", "scale"), False), "fc.weight": (("fc",), True),
-             "hidden_norm.weight": (("hidden_norm", "scale"), False)}
+    names = {
+        "norm.weight": (("norm", "scale"), False),
+        "fc.weight": (("fc",), True),
+        "hidden_norm.weight": (("hidden_norm", "scale"), False),
+    }
     for i in range(cfg.num_layers):
         r, o = f"layers.{i}.", (f"layers_{i}",)
         for p in "qkvo":
@@ -407,8 +455,18 @@ class DraftStep:
         kv = model.apply({"params": params}, ctx, positions, method=Drafter.context_kv)
         return [(write_block(ck, k, start), write_block(cv, v, start)) for (ck, cv), (k, v) in zip(cache, kv)]
 
-    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
-               *, tokens: Array | None = None):
+    def logits(
+        self,
+        params,
+        target_params,
+        cache,
+        anchor: Array,
+        start: Array,
+        block_valid: Array,
+        block_len: int,
+        *,
+        tokens: Array | None = None,
+    ):
         """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``.
 
         ``tokens`` (the loop's token buffer, part of the draft-step protocol) is not used."""
@@ -420,8 +478,18 @@ class DraftStep:
         hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
         return draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
 
-    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
-              *, tokens: Array | None = None):
+    def draft(
+        self,
+        params,
+        target_params,
+        cache,
+        anchor: Array,
+        start: Array,
+        block_valid: Array,
+        block_len: int,
+        *,
+        tokens: Array | None = None,
+    ):
         """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``.
 
         ``tokens`` is not used (as in ``logits``)."""
@@ -429,8 +497,12 @@ class DraftStep:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-def check_fits(cfg: DrafterConfig, target: TargetConfig, drafter_target_identity: dict | None = None,
-               target_identity: dict | None = None) -> None:
+def check_fits(
+    cfg: DrafterConfig,
+    target: TargetConfig,
+    drafter_target_identity: dict | None = None,
+    target_identity: dict | None = None,
+) -> None:
     """Raise ``ConfigError`` naming the mismatch if the drafter cannot serve ``target``.
 
     Checks hidden size, vocabulary, ``num_target_layers``, the range of ``target_layer_ids``
@@ -442,10 +514,12 @@ def check_fits(cfg: DrafterConfig, target: TargetConfig, drafter_target_identity
     if cfg.vocab_size != target.vocab_size:
         raise ConfigError(f"drafter vocab_size {cfg.vocab_size} != target vocab_size {target.vocab_size}")
     if cfg.num_target_layers != target.num_layers:
-        raise ConfigError(f"drafter was built for a {cfg.num_target_layers}-layer target; this target has "
-                          f"{target.num_layers} layers")
+        raise ConfigError(
+            f"drafter was built for a {cfg.num_target_layers}-layer target; this target has {target.num_layers} layers"
+        )
     if drafter_target_identity and target_identity:
         for key in ("config_sha256", "tokenizer_sha256"):
             if key in drafter_target_identity and drafter_target_identity[key] != target_identity.get(key):
-                raise ConfigError(f"drafter was trained for another target ({key} differs); use the target it "
-                                  "was trained for")
+                raise ConfigError(
+                    f"drafter was trained for another target ({key} differs); use the target it was trained for"
+                )

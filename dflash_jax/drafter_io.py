@@ -31,8 +31,15 @@ from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import META_FILE, atomic_folder, read_json, read_safetensors
 
 
-def export_released(params, cfg: DrafterConfig, out: str | Path, *, dtype: str = "float32",
-                    target_identity: dict | None = None, overwrite: bool = False) -> Path:
+def export_released(
+    params,
+    cfg: DrafterConfig,
+    out: str | Path,
+    *,
+    dtype: str = "float32",
+    target_identity: dict | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write ``params`` as a released-format drafter folder (atomic). ``dtype``: float32 or bfloat16."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
     tensors = {}
@@ -65,9 +72,11 @@ def import_released(folder: str | Path, dtype: str = "float32"):
         raise CheckpointError(f"no *.safetensors in {folder}")
     params, unused = read_safetensors(files, released_names(cfg), drafter_param_shapes(cfg))
     if unused:
-        raise CheckpointError(f"{len(unused)} tensor(s) in {folder} that a {cfg.num_layers}-layer DFlash drafter does "
-                              f"not have, first: {sorted(unused)[0]} (another drafter kind, such as DFlash 2, or a "
-                              "config that does not match the weights)")
+        raise CheckpointError(
+            f"{len(unused)} tensor(s) in {folder} that a {cfg.num_layers}-layer DFlash drafter does "
+            f"not have, first: {sorted(unused)[0]} (another drafter kind, such as DFlash 2, or a "
+            "config that does not match the weights)"
+        )
     return params, cfg, raw
 
 
@@ -76,8 +85,15 @@ def import_released(folder: str | Path, dtype: str = "float32"):
 DRAFTER_FORMAT = "dflash-jax-drafter"
 
 
-def save_drafter(params, cfg: DrafterConfig, out: str | Path, *, target_identity: dict | None = None,
-                 overwrite: bool = False, extra_meta: dict | None = None) -> Path:
+def save_drafter(
+    params,
+    cfg: DrafterConfig,
+    out: str | Path,
+    *,
+    target_identity: dict | None = None,
+    overwrite: bool = False,
+    extra_meta: dict | None = None,
+) -> Path:
     """Write a drafter checkpoint: ``config.json`` (the released-format config), ``params/`` (orbax)
     and ``dflash_jax.json`` (format, target identity). Atomic: a partial folder is never left at ``out``.
 
@@ -87,13 +103,13 @@ def save_drafter(params, cfg: DrafterConfig, out: str | Path, *, target_identity
     with atomic_folder(Path(out), overwrite, kind="drafter") as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg.to_released(target_identity), indent=2))
         # host numpy arrays, written by this process alone (in a multi-host job only process 0 exports)
-        only_me = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
-                                                     active_processes={jax.process_index()})
+        only_me = ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()}
+        )
         ckptr = ocp.StandardCheckpointer(multiprocessing_options=only_me)
         ckptr.save((tmp / "params").resolve(), params)
         ckptr.wait_until_finished()
-        meta = {"format": DRAFTER_FORMAT, "format_version": 1, "target_identity": target_identity,
-                **(extra_meta or {})}
+        meta = {"format": DRAFTER_FORMAT, "format_version": 1, "target_identity": target_identity, **(extra_meta or {})}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
     return Path(out)
 
@@ -116,14 +132,18 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
     meta_path = folder / META_FILE
     if not meta_path.exists():
         if not (folder / "config.json").exists():
-            raise CheckpointError(f"{folder} is not a drafter: expected config.json plus model.safetensors "
-                                  f"(released format) or params/ and {META_FILE} (dflash-jax format)")
+            raise CheckpointError(
+                f"{folder} is not a drafter: expected config.json plus model.safetensors "
+                f"(released format) or params/ and {META_FILE} (dflash-jax format)"
+            )
         params, cfg, raw = import_released(folder, dtype)
         return params, cfg, (raw.get("dflash_config") or {}).get("target_identity")
     meta = read_json(meta_path)
     if meta.get("format") != DRAFTER_FORMAT:
-        raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
-                              " (is this a target checkpoint? pass it as --target)")
+        raise CheckpointError(
+            f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
+            " (is this a target checkpoint? pass it as --target)"
+        )
     cfg = DrafterConfig.from_released(read_json(folder / "config.json"), dtype=dtype)
     params = restore_params(folder / "params", placed(drafter_param_shapes(cfg)))
     return params, cfg, meta.get("target_identity")

@@ -115,8 +115,17 @@ def context_kv(drafter_params, feats: Array, cfg: DrafterConfig):
     return model.apply({"params": drafter_params}, ctx, positions, method=Drafter.context_kv)
 
 
-def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: Anchors, *,
-                 tcfg: TargetConfig, cfg: DrafterConfig, loss_offsets: int = 0) -> Array:
+def block_logits(
+    drafter_params,
+    target_params,
+    ctx_kv,
+    tokens: Array,
+    anchors: Anchors,
+    *,
+    tcfg: TargetConfig,
+    cfg: DrafterConfig,
+    loss_offsets: int = 0,
+) -> Array:
     """Draft logits ``[b, A, K, V]`` (float32) at block offsets ``1..K`` of the blocks at ``anchors``
     (``K = loss_offsets``, 0: all ``B-1``; offset 0, the anchor itself, is never predicted, and
     the LM head, most of the cost, runs only where the loss looks).
@@ -129,17 +138,28 @@ def block_logits(drafter_params, target_params, ctx_kv, tokens: Array, anchors: 
     block = jnp.full((b, a, bs), cfg.mask_token_id, jnp.int32).at[:, :, 0].set(first)
     emb = block_embeddings(block.reshape(b, a * bs), target_params, tcfg, cfg)
     positions = (anchors.positions[:, :, None] + jnp.arange(bs)).reshape(b, a * bs)
-    layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions,
-                                           anchors.valid, bs)
+    layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions, anchors.valid, bs)
     hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks)
     k = loss_offsets or bs - 1
-    hidden = hidden.reshape(b, a, bs, -1)[:, :, 1: k + 1]
+    hidden = hidden.reshape(b, a, bs, -1)[:, :, 1 : k + 1]
     return draft_logits(hidden, target_params, tcfg, cfg)
 
 
-def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, anchors: Anchors, *,
-               tcfg: TargetConfig, cfg: DrafterConfig, gamma: float, anchor_chunk: int = 16,
-               loss_offsets: int = 0, remat: bool = True, feats: Array | None = None) -> BlockStats:
+def block_loss(
+    drafter_params,
+    target_params,
+    tokens: Array,
+    loss_mask: Array,
+    anchors: Anchors,
+    *,
+    tcfg: TargetConfig,
+    cfg: DrafterConfig,
+    gamma: float,
+    anchor_chunk: int = 16,
+    loss_offsets: int = 0,
+    remat: bool = True,
+    feats: Array | None = None,
+) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
     Args:
@@ -178,9 +198,10 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
 
     def chunk(args):
         pos, valid, lab, u = args
-        logits = block_logits(drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg,
-                              loss_offsets=k)  # offsets 1..k
-        lab, u = lab[..., 1: k + 1], u[..., 1: k + 1]
+        logits = block_logits(
+            drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg, loss_offsets=k
+        )  # offsets 1..k
+        lab, u = lab[..., 1 : k + 1], u[..., 1 : k + 1]
         logz = jax.nn.logsumexp(logits, axis=-1)
         ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
         uf = u.astype(jnp.float32)
@@ -188,12 +209,19 @@ def block_loss(drafter_params, target_params, tokens: Array, loss_mask: Array, a
         # leading correct offsets (1..k) of each real block: its acceptance length minus the bonus
         lead = jnp.cumprod(right.astype(jnp.int32), axis=-1).sum(-1)
         pad = (1, cfg.block_size - 1 - k)  # per-offset sums back to [B]: offset 0 and offsets past k are 0
-        return (jnp.sum(ce * uf * w[1: k + 1]), jnp.sum(uf * w[1: k + 1]), jnp.pad(uf.sum((0, 1)), pad),
-                jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
-                jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32), valid.sum().astype(jnp.float32))
+        return (
+            jnp.sum(ce * uf * w[1 : k + 1]),
+            jnp.sum(uf * w[1 : k + 1]),
+            jnp.pad(uf.sum((0, 1)), pad),
+            jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
+            jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32),
+            valid.sum().astype(jnp.float32),
+        )
 
-    parts = jax.lax.map(jax.checkpoint(chunk) if remat else chunk,
-                        (split(anchors.positions), split(anchors.valid), split(labels), split(use)))
+    parts = jax.lax.map(
+        jax.checkpoint(chunk) if remat else chunk,
+        (split(anchors.positions), split(anchors.valid), split(labels), split(use)),
+    )
     return BlockStats(*(x.sum(0) for x in parts))
 
 

@@ -30,8 +30,9 @@ CONTEXT = -2  # segment id of context (target-feature) keys
 PADDING = -1  # segment id of padding queries / keys
 
 
-def visible(q_seg: Array, q_pos: Array, q_anchor: Array, k_seg: Array, k_pos: Array, *,
-            sliding: bool, window: int | None = None) -> Array:
+def visible(
+    q_seg: Array, q_pos: Array, q_anchor: Array, k_seg: Array, k_pos: Array, *, sliding: bool, window: int | None = None
+) -> Array:
     """The SPEC visibility rule, elementwise over broadcastable int arrays; True = may attend.
 
     Args:
@@ -60,14 +61,16 @@ def layer_masks(layer_types, sliding_window, q_seg, q_pos, q_anchor, k_seg, k_po
     out = []
     for kind in layer_types:
         if kind not in cache:
-            cache[kind] = visible(q_seg, q_pos, q_anchor, k_seg, k_pos, sliding=kind == "sliding_attention",
-                                  window=sliding_window)
+            cache[kind] = visible(
+                q_seg, q_pos, q_anchor, k_seg, k_pos, sliding=kind == "sliding_attention", window=sliding_window
+            )
         out.append(cache[kind])
     return out
 
 
-def decode_masks(layer_types, sliding_window, cache_len: int, start: Array, block_len: int,
-                 block_valid: Array) -> list[Array]:
+def decode_masks(
+    layer_types, sliding_window, cache_len: int, start: Array, block_len: int, block_valid: Array
+) -> list[Array]:
     """Per-layer masks ``[B, T, S + T]`` for drafting one block at ``start`` (int32 ``[B]``) over a
     context cache of ``S = cache_len`` slots (slot = absolute position).
 
@@ -81,12 +84,20 @@ def decode_masks(layer_types, sliding_window, cache_len: int, start: Array, bloc
     blk_seg = jnp.where(k[None, :] < block_valid[:, None], 0, PADDING)  # [B, T]
     k_seg = jnp.concatenate([jnp.full((start.shape[0], cache_len), CONTEXT), blk_seg], axis=1)
     k_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(cache_len), (start.shape[0], cache_len)), q_pos], axis=1)
-    return layer_masks(layer_types, sliding_window, q_seg[:, :, None], q_pos[:, :, None], start[:, None, None],
-                       k_seg[:, None, :], k_pos[:, None, :])
+    return layer_masks(
+        layer_types,
+        sliding_window,
+        q_seg[:, :, None],
+        q_pos[:, :, None],
+        start[:, None, None],
+        k_seg[:, None, :],
+        k_pos[:, None, :],
+    )
 
 
-def training_masks(layer_types, sliding_window, seq_len: int, anchors: Array, valid: Array,
-                   block_size: int) -> list[Array]:
+def training_masks(
+    layer_types, sliding_window, seq_len: int, anchors: Array, valid: Array, block_size: int
+) -> list[Array]:
     """Per-layer masks ``[b, N, T + N]`` for a group of blocks trained together, ``N = A * block_size``.
 
     Queries are the ``A`` blocks' tokens (block-major); keys are the ``T = seq_len`` context
@@ -102,5 +113,12 @@ def training_masks(layer_types, sliding_window, seq_len: int, anchors: Array, va
     anchor = anchors[:, :, None].repeat(block_size, 2).reshape(b, a * block_size)
     k_seg = jnp.concatenate([jnp.full((b, seq_len), CONTEXT), seg], axis=1)
     k_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(seq_len), (b, seq_len)), pos], axis=1)
-    return layer_masks(layer_types, sliding_window, seg[:, :, None], pos[:, :, None], anchor[:, :, None],
-                       k_seg[:, None, :], k_pos[:, None, :])
+    return layer_masks(
+        layer_types,
+        sliding_window,
+        seg[:, :, None],
+        pos[:, :, None],
+        anchor[:, :, None],
+        k_seg[:, None, :],
+        k_pos[:, None, :],
+    )

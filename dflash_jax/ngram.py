@@ -30,8 +30,9 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def ngram_propose(tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4,
-                  ngram_min: int = 1) -> tuple[Array, Array]:
+def ngram_propose(
+    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1
+) -> tuple[Array, Array]:
     """The n-gram draft of every row (SPEC "N-gram (prompt-lookup) drafting").
 
     Args:
@@ -106,13 +107,33 @@ class NgramStep:
         """Nothing to write (``feats`` is ``None``: no taps); returns ``cache``."""
         return cache
 
-    def draft(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
-              *, tokens: Array) -> tuple[Array, Array]:
+    def draft(
+        self,
+        params,
+        target_params,
+        cache,
+        anchor: Array,
+        start: Array,
+        block_valid: Array,
+        block_len: int,
+        *,
+        tokens: Array,
+    ) -> tuple[Array, Array]:
         """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``."""
         return ngram_propose(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
 
-    def logits(self, params, target_params, cache, anchor: Array, start: Array, block_valid: Array, block_len: int,
-               *, tokens: Array) -> tuple[Array, Array]:
+    def logits(
+        self,
+        params,
+        target_params,
+        cache,
+        anchor: Array,
+        start: Array,
+        block_valid: Array,
+        block_len: int,
+        *,
+        tokens: Array,
+    ) -> tuple[Array, Array]:
         """``(logits float32 [B, block_len - 1, V], num_draft [B])``: 0 at the draft token, -inf elsewhere.
 
         Any ``Sampling`` turns these into the one-hot ``q`` of the draft (temperature, top-k and

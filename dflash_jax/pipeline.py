@@ -25,8 +25,9 @@ class PaddedSource:
     ``{"tokens": int32 [max_len], "loss_mask": bool [max_len]}``, plus ``"features"`` float32
     ``[max_len, F]`` (zeros past the sequence) when a ``FeatureStore`` is given."""
 
-    def __init__(self, ds: TokenDataset, indices: np.ndarray, max_len: int, pad_id: int = 0,
-                 features: FeatureStore | None = None):
+    def __init__(
+        self, ds: TokenDataset, indices: np.ndarray, max_len: int, pad_id: int = 0, features: FeatureStore | None = None
+    ):
         self.ds, self.indices, self.max_len, self.pad_id = ds, np.asarray(indices), max_len, pad_id
         self.features = features
 
@@ -71,8 +72,15 @@ def split_indices(n: int, val_size: int, seed: int = 0, within: int | None = Non
     return np.sort(train), np.sort(perm[:val_size])
 
 
-def rows(ds: TokenDataset, indices: np.ndarray, *, max_len: int, seed: int, pad_id: int = 0,
-         features: FeatureStore | None = None):
+def rows(
+    ds: TokenDataset,
+    indices: np.ndarray,
+    *,
+    max_len: int,
+    seed: int,
+    pad_id: int = 0,
+    features: FeatureStore | None = None,
+):
     """Random-access grain dataset of training rows, reshuffled every epoch and repeated forever:
     ``[j]`` -> ``{"tokens", "loss_mask"}`` ``[max_len]`` (and ``"features"`` with a ``FeatureStore``,
     see ``PaddedSource``). Batch ``s`` of size ``B`` is rows ``s*B .. s*B+B-1``, so a restart at
@@ -91,17 +99,28 @@ def bucket_lengths(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
       ValueError: ``buckets`` not a tuple/list of increasing positive integers, or one above ``max_len``.
     """
     ok_type = isinstance(buckets, (tuple, list)) and all(
-        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in buckets)
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in buckets
+    )
     b = [int(x) for x in buckets] if ok_type else []
     if not b or any(x <= 0 for x in b) or b != sorted(set(b)) or b[-1] > max_len:
-        raise ValueError(f"length buckets {buckets!r} must be a tuple/list of increasing positive integers <= max_len "
-                         f"({max_len})")
+        raise ValueError(
+            f"length buckets {buckets!r} must be a tuple/list of increasing positive integers <= max_len ({max_len})"
+        )
     return tuple(b if b[-1] == max_len else [*b, max_len])
 
 
-def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, max_len: int,
-                     buckets: Sequence[int], seed: int, window: int = BUCKET_WINDOW, pad_id: int = 0,
-                     features: FeatureStore | None = None):
+def bucketed_batches(
+    ds: TokenDataset,
+    indices: np.ndarray,
+    *,
+    batch_size: int,
+    max_len: int,
+    buckets: Sequence[int],
+    seed: int,
+    window: int = BUCKET_WINDOW,
+    pad_id: int = 0,
+    features: FeatureStore | None = None,
+):
     """Random-access grain dataset of whole training batches, bucketed by length:
     ``[s]`` -> ``{"tokens": int32 [batch_size, L], "loss_mask": bool [batch_size, L]}``.
 
@@ -130,7 +149,7 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
         pos = np.array([order[w * span + j] for j in range(span)])
         pos = pos[np.argsort(bucket_of[pos], kind="stable")]
         k = np.random.default_rng([seed, w]).permutation(window)[i]
-        mine = pos[k * batch_size:(k + 1) * batch_size]
+        mine = pos[k * batch_size : (k + 1) * batch_size]
         length = int(b[bucket_of[mine].max()])
         rows = [src[int(p)] for p in mine]
         return {key: np.stack([r[key][:length] for r in rows]) for key in rows[0]}
@@ -138,8 +157,9 @@ def bucketed_batches(ds: TokenDataset, indices: np.ndarray, *, batch_size: int, 
     return grain.MapDataset.range(0, 2**62).map(batch)
 
 
-def global_batch(row: Callable[[int], dict], shape: tuple[int, int, int], shardings: dict,
-                 feature_width: int | None = None) -> dict:
+def global_batch(
+    row: Callable[[int], dict], shape: tuple[int, int, int], shardings: dict, feature_width: int | None = None
+) -> dict:
     """Rows ``row(0) .. row(accum * micro - 1)`` as global arrays ``[accum, micro, T, ...]``.
 
     The one path from host rows to device batches, for training and validation alike. Row ``j``

@@ -27,8 +27,15 @@ from dflash_jax.tokens import encode, loops
 from dflash_jax.utils import atomic_write_text, json_sha256, log
 
 
-def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, batch_size: int,
-               stop_ids: Sequence[int] = (), progress: bool = True):
+def regenerate(
+    decoder,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    stop_ids: Sequence[int] = (),
+    progress: bool = True,
+):
     """The target's own greedy responses to token-id ``prompts`` (SPEC "Training" 1).
 
     Returns:
@@ -39,7 +46,7 @@ def regenerate(decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int
     seqs: list = [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress, leave=False)
     for i in range(0, len(order), batch_size):
-        idx = order[i: i + batch_size]
+        idx = order[i : i + batch_size]
         results = decoder.generate([prompts[j] for j in idx], max_new_tokens, stop_ids)
         for j, r in zip(idx, results):
             seqs[j] = (list(prompts[j]), r.token_ids)
@@ -67,12 +74,24 @@ def _check_finished_shards(out: Path, names: Sequence[str], key: str, indexed: S
             raise DataError(f"{e}; delete {out / name} and rerun this command (it remakes only that shard)") from None
         made_with = shard.meta.get("settings_sha256")
         if made_with != key and not (made_with is None and name in indexed):
-            raise DataError(f"{out / name} was made with other settings or another target than this command's; "
-                            f"choose another --out (or delete {out} to start over)")
+            raise DataError(
+                f"{out / name} was made with other settings or another target than this command's; "
+                f"choose another --out (or delete {out} to start over)"
+            )
 
 
-def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_new_tokens: int = 384,
-            batch_size: int = 16, shard_size: int = 256, seed: int = 0, progress: bool = True) -> dict:
+def prepare(
+    ck,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    out: str | Path,
+    *,
+    max_new_tokens: int = 384,
+    batch_size: int = 16,
+    shard_size: int = 256,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Regenerate responses with the target and write them as shards under ``out`` (resumable).
 
     The prompts are shuffled with ``seed`` and cut into shards of ``shard_size``; each shard is
@@ -89,13 +108,22 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
     for p in prompts:
         x = encode(tokenizer, p.text, chat=True)
         if len(x) + max_new_tokens > ck.cfg.max_position_embeddings:
-            raise DataError(f"{p.where}: the prompt has {len(x)} tokens; with {max_new_tokens} new tokens it exceeds "
-                            f"the target's context of {ck.cfg.max_position_embeddings}; shorten or drop it")
+            raise DataError(
+                f"{p.where}: the prompt has {len(x)} tokens; with {max_new_tokens} new tokens it exceeds "
+                f"the target's context of {ck.cfg.max_position_embeddings}; shorten or drop it"
+            )
         ids.append(x)
     order = np.random.RandomState(seed).permutation(len(prompts))
-    settings = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, "seed": seed, "mode": "greedy",
-                "chat": True, "num_prompts": len(prompts), "target": ck.identity,
-                "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "shard_size": shard_size,
+        "seed": seed,
+        "mode": "greedy",
+        "chat": True,
+        "num_prompts": len(prompts),
+        "target": ck.identity,
+        "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest(),
+    }
     key = json_sha256(settings)
     index_path = out / "meta.json"
     indexed: list = []  # shards an index with these very settings lists
@@ -118,11 +146,19 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
             m = json.loads((out / name / "meta.json").read_text())
             for k in stats:
                 stats[k] += m["stats"][k]
-        meta = {"format": SHARDED_FORMAT, "format_version": 1, "shards": done, "complete": len(done) == n_shards,
-                "settings": settings, "stats": stats, "tokenizer_sha256": ck.identity["tokenizer_sha256"],
-                "num_sequences": stats["sequences"], "num_tokens": stats["tokens"],
-                "source": sorted({p.where.rsplit(":", 1)[0] for p in prompts}),
-                "content_sha256": {name: Shard(out / name).content_sha256 for name in done}}
+        meta = {
+            "format": SHARDED_FORMAT,
+            "format_version": 1,
+            "shards": done,
+            "complete": len(done) == n_shards,
+            "settings": settings,
+            "stats": stats,
+            "tokenizer_sha256": ck.identity["tokenizer_sha256"],
+            "num_sequences": stats["sequences"],
+            "num_tokens": stats["tokens"],
+            "source": sorted({p.where.rsplit(":", 1)[0] for p in prompts}),
+            "content_sha256": {name: Shard(out / name).content_sha256 for name in done},
+        }
         atomic_write_text(index_path, json.dumps(meta, indent=2))
 
     decoder = Decoder(ck.params, ck.cfg)
@@ -130,22 +166,42 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
     done = []
     bar = tqdm(total=len(prompts), desc="prepare-data", unit="prompt", disable=not progress)
     for k, name in enumerate(names):
-        idx = order[k * shard_size: (k + 1) * shard_size]
+        idx = order[k * shard_size : (k + 1) * shard_size]
         if not (out / name).exists():
-            seqs, masks = regenerate(decoder, [ids[i] for i in idx], max_new_tokens=max_new_tokens,
-                                     batch_size=batch_size, stop_ids=stops, progress=progress)
-            responses = [s[len(ids[i]):] for s, i in zip(seqs, idx)]
+            seqs, masks = regenerate(
+                decoder,
+                [ids[i] for i in idx],
+                max_new_tokens=max_new_tokens,
+                batch_size=batch_size,
+                stop_ids=stops,
+                progress=progress,
+            )
+            responses = [s[len(ids[i]) :] for s, i in zip(seqs, idx)]
             keep = [j for j, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer holds no anchor
             if not keep:
-                raise DataError(f"every answer of {name} has fewer than 2 tokens, so there is nothing to train on; "
-                                "raise --max-new-tokens")
-            stats = {"sequences": len(keep), "tokens": int(sum(len(seqs[j]) for j in keep)),
-                     "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
-                     "looping": sum(loops(r) for r in responses), "dropped": len(seqs) - len(keep)}
-            write_dataset(out / name, [seqs[j] for j in keep], [masks[j] for j in keep],
-                          meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"], "stats": stats,
-                                "settings_sha256": key, "target": ck.identity,
-                                "prompts": [prompts[idx[j]].where for j in keep]})
+                raise DataError(
+                    f"every answer of {name} has fewer than 2 tokens, so there is nothing to train on; "
+                    "raise --max-new-tokens"
+                )
+            stats = {
+                "sequences": len(keep),
+                "tokens": int(sum(len(seqs[j]) for j in keep)),
+                "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
+                "looping": sum(loops(r) for r in responses),
+                "dropped": len(seqs) - len(keep),
+            }
+            write_dataset(
+                out / name,
+                [seqs[j] for j in keep],
+                [masks[j] for j in keep],
+                meta={
+                    "tokenizer_sha256": ck.identity["tokenizer_sha256"],
+                    "stats": stats,
+                    "settings_sha256": key,
+                    "target": ck.identity,
+                    "prompts": [prompts[idx[j]].where for j in keep],
+                },
+            )
         done.append(name)
         write_index(done)
         bar.update(len(idx))
@@ -153,8 +209,9 @@ def prepare(ck, tokenizer, prompts: Sequence[Prompt], out: str | Path, *, max_ne
     return json.loads(index_path.read_text())
 
 
-def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str, batch_size: int = 4,
-                   progress: bool = True, log=log) -> Path:
+def write_features(
+    ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str, batch_size: int = 4, progress: bool = True, log=log
+) -> Path:
     """Run the frozen target once over every sequence of ``ds`` and store its tapped features
     (``FeatureStore`` layout, under ``features_folder``), so that training skips the target's
     forward pass (``train.stored_features``). Resumable: a shard file is written atomically
@@ -177,8 +234,14 @@ def write_features(ds: TokenDataset, ck, layer_ids: Sequence[int], *, dtype: str
     """
     folder = features_folder(ds.folder, ck.identity, layer_ids, dtype)
     width = len(layer_ids) * ck.cfg.hidden_size
-    meta = {"format": FEATURES_FORMAT, "format_version": 1, "feature_size": width, "layers": [int(x) for x in layer_ids],
-            "dtype": dtype, "target": ck.identity}
+    meta = {
+        "format": FEATURES_FORMAT,
+        "format_version": 1,
+        "feature_size": width,
+        "layers": [int(x) for x in layer_ids],
+        "dtype": dtype,
+        "target": ck.identity,
+    }
     folder.mkdir(parents=True, exist_ok=True)
     lock = open(folder / ".lock", "w")
     try:
@@ -227,14 +290,14 @@ def _write_features(ds, ck, layer_ids, folder: Path, meta: dict, batch_size: int
         lens = np.diff(off)
         order = np.argsort(lens, kind="stable")
         for i in range(0, len(order), batch_size):
-            idx = order[i: i + batch_size]
+            idx = order[i : i + batch_size]
             length = -(-int(lens[idx].max()) // 128) * 128
             tokens = np.zeros((batch_size, length), np.int32)  # a short last batch is padded with empty rows
             for r, j in enumerate(idx):
-                tokens[r, : lens[j]] = sh.tokens[off[j]: off[j + 1]]
+                tokens[r, : lens[j]] = sh.tokens[off[j] : off[j + 1]]
             f = np.asarray(taps(ck.params, tokens), np.float32)
             for r, j in enumerate(idx):
-                out[off[j]: off[j + 1]] = f[r, : lens[j]]
+                out[off[j] : off[j + 1]] = f[r, : lens[j]]
             bar.update(len(idx))
         out.flush()
         del out

@@ -84,8 +84,14 @@ def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) 
                 continue
             text = row.get("prompt")
         else:
-            text = next((row[k] for k in ("prompt", "question", "problem", "instruction")
-                         if isinstance(row.get(k), str) and row[k].strip()), None)
+            text = next(
+                (
+                    row[k]
+                    for k in ("prompt", "question", "problem", "instruction")
+                    if isinstance(row.get(k), str) and row[k].strip()
+                ),
+                None,
+            )
         if not isinstance(text, str) or not text.strip():
             raise DataError(f"{where}: no prompt text for format {fmt!r}")
         out.append(Prompt(text, where))
@@ -123,13 +129,25 @@ def eval_data_dir() -> Path:
       BenchError: none of them exists.
     """
     env = os.environ.get("DFLASH_JAX_EVAL_DATA")
-    candidates = [Path(env)] if env else list(dict.fromkeys([Path.cwd().resolve().parent / "shared/data/eval",
-                                                             Path(__file__).resolve().parents[2] / "shared/data/eval"]))
+    candidates = (
+        [Path(env)]
+        if env
+        else list(
+            dict.fromkeys(
+                [
+                    Path.cwd().resolve().parent / "shared/data/eval",
+                    Path(__file__).resolve().parents[2] / "shared/data/eval",
+                ]
+            )
+        )
+    )
     for c in candidates:
         if c.is_dir():
             return c
-    raise BenchError(f"no evaluation data folder (looked in {', '.join(map(str, candidates))}): set "
-                     "DFLASH_JAX_EVAL_DATA to the folder with gsm8k_test.jsonl etc., or pass --prompts-file")
+    raise BenchError(
+        f"no evaluation data folder (looked in {', '.join(map(str, candidates))}): set "
+        "DFLASH_JAX_EVAL_DATA to the folder with gsm8k_test.jsonl etc., or pass --prompts-file"
+    )
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
@@ -147,8 +165,9 @@ def _field(row, key: str, where: str) -> str:
     return value
 
 
-def load_eval_prompts(dataset: str, path: str | Path | None = None, max_samples: int | None = None,
-                      max_turns: int = 2) -> list[EvalPrompt]:
+def load_eval_prompts(
+    dataset: str, path: str | Path | None = None, max_samples: int | None = None, max_turns: int = 2
+) -> list[EvalPrompt]:
     """The prompts of a benchmark set, in file order, formatted as in ``shared/data/README.md``.
 
     Args:
@@ -200,5 +219,3 @@ def load_eval_prompts(dataset: str, path: str | Path | None = None, max_samples:
     if not items:
         raise BenchError(f"{path} has no prompts")
     return items
-
-

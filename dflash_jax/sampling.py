@@ -47,8 +47,10 @@ class Sampling:
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature {self.temperature} is too small to compute in float32; use 0 for greedy "
-                             f"decoding or at least {MIN_TEMPERATURE}")
+            raise ValueError(
+                f"temperature {self.temperature} is too small to compute in float32; use 0 for greedy "
+                f"decoding or at least {MIN_TEMPERATURE}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if int(self.top_k) != self.top_k or self.top_k < 0:

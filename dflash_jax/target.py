@@ -76,15 +76,22 @@ class TargetConfig:
             raise ConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
         except (TypeError, ValueError, ZeroDivisionError) as e:
             raise ConfigError(f"config.json has a malformed field: {type(e).__name__}: {e}") from None
-        sizes = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                     num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                     num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        sizes = dict(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+        )
         bad = [k for k, v in sizes.items() if v < 1]
         if bad:
             raise ConfigError(f"config.json field {bad[0]} must be a positive integer")
         if cfg.num_heads % cfg.num_kv_heads:
-            raise ConfigError(f"num_attention_heads ({cfg.num_heads}) must be a multiple of "
-                              f"num_key_value_heads ({cfg.num_kv_heads})")
+            raise ConfigError(
+                f"num_attention_heads ({cfg.num_heads}) must be a multiple of num_key_value_heads ({cfg.num_kv_heads})"
+            )
         return cfg
 
     @classmethod
@@ -131,9 +138,7 @@ class TargetConfig:
                 raise ConfigError(f"llama3 rope scaling is missing {missing}")
             scaling = tuple(sorted((k, float(rope[k])) for k in keys))
         elif rope_type != "default":
-            raise ConfigError(
-                f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3'"
-            )
+            raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3'")
         heads = int(hf["num_attention_heads"])
         head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
         bias = bool(hf.get("attention_bias", False))
@@ -264,7 +269,9 @@ class Target(nn.Module):
 
 def write_block(buf: Array, block: Array, start: Array) -> Array:
     """Write ``block`` ``[B, T, ...]`` into ``buf`` ``[B, S, ...]`` at per-row offsets ``start`` ``[B]``."""
-    return jax.vmap(lambda b, x, s: jax.lax.dynamic_update_slice_in_dim(b, x, s, axis=0))(buf, block.astype(buf.dtype), start)
+    return jax.vmap(lambda b, x, s: jax.lax.dynamic_update_slice_in_dim(b, x, s, axis=0))(
+        buf, block.astype(buf.dtype), start
+    )
 
 
 def init_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=None) -> KVCache:

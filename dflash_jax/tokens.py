@@ -14,8 +14,14 @@ from dflash_jax.errors import ConfigError
 # SmolLM2's vocabulary has no spare row, so the mask token must be an existing token that chat
 # text never contains: <empty_output> (id 16) is a code-pretraining marker unused in chat.
 # Qwen2/3 have <|fim_pad|>; Llama 3 has reserved special tokens that are never produced.
-MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "<|fim_pad|>", "<|reserved_special_token_0|>",
-                         "<|endoftext|>")
+MASK_TOKEN_CANDIDATES = (
+    "<empty_output>",
+    "<|mask|>",
+    "<mask>",
+    "<|fim_pad|>",
+    "<|reserved_special_token_0|>",
+    "<|endoftext|>",
+)
 
 
 def chat_ids(tok, messages: Sequence[dict]) -> list[int]:
@@ -52,8 +58,10 @@ def mask_token_id(tok) -> int:
     for t in MASK_TOKEN_CANDIDATES:
         if t in vocab:
             return vocab[t]
-    raise ConfigError(f"the tokenizer has none of the mask token candidates {MASK_TOKEN_CANDIDATES}: set "
-                      "drafter.mask_token_id to an unused token id in the training config (or use a trained drafter)")
+    raise ConfigError(
+        f"the tokenizer has none of the mask token candidates {MASK_TOKEN_CANDIDATES}: set "
+        "drafter.mask_token_id to an unused token id in the training config (or use a trained drafter)"
+    )
 
 
 def loops(response: Sequence[int], n: int = 8, repeats: int = 3) -> bool:
@@ -61,7 +69,7 @@ def loops(response: Sequence[int], n: int = 8, repeats: int = 3) -> bool:
     drafting easy and inflate tau, so data and benchmarks count them apart)."""
     seen: dict[tuple, int] = {}
     for i in range(len(response) - n + 1):
-        g = tuple(response[i: i + n])
+        g = tuple(response[i : i + n])
         seen[g] = seen.get(g, 0) + 1
         if seen[g] >= repeats:
             return True

@@ -83,23 +83,42 @@ class Trainer:
         buckets = None
         if t.get("length_buckets"):
             buckets = pipeline.bucket_lengths(tuple(t.length_buckets), t.max_len)
-            self.batches = pipeline.bucketed_batches(self.ds, self.train_idx, batch_size=t.batch_size,
-                                                     max_len=t.max_len, buckets=buckets, seed=c.seed,
-                                                     features=self.features)
-        self.identity = run_identity(c, target_identity=self.target.identity, data_identity=self.ds.identity,
-                                     dcfg=self.dcfg, val_within=within, bucket_window=pipeline.BUCKET_WINDOW,
-                                     bucket_lengths=buckets)
+            self.batches = pipeline.bucketed_batches(
+                self.ds,
+                self.train_idx,
+                batch_size=t.batch_size,
+                max_len=t.max_len,
+                buckets=buckets,
+                seed=c.seed,
+                features=self.features,
+            )
+        self.identity = run_identity(
+            c,
+            target_identity=self.target.identity,
+            data_identity=self.ds.identity,
+            dcfg=self.dcfg,
+            val_within=within,
+            bucket_window=pipeline.BUCKET_WINDOW,
+            bucket_lengths=buckets,
+        )
         self.run_id = fingerprint(self.identity)
 
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
-        kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, gamma=t.gamma,
-                  anchor_chunk=t.anchor_chunk, loss_offsets=t.get("loss_offsets", 0), remat=t.get("remat", True))
+        kw = dict(
+            tcfg=self.tcfg,
+            dcfg=self.dcfg,
+            num_anchors=t.num_anchors,
+            gamma=t.gamma,
+            anchor_chunk=t.anchor_chunk,
+            loss_offsets=t.get("loss_offsets", 0),
+            remat=t.get("remat", True),
+        )
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.get("init_from"):
             params = self._initial_weights(c.init_from, params)
-        self._step, param_sh, self.batch_sh, opt_sh = sharded_step(self.mesh, params, self.target.params,
-                                                                    opt=self.opt, **kw,
-                                                                    stored_features=self.features is not None)
+        self._step, param_sh, self.batch_sh, opt_sh = sharded_step(
+            self.mesh, params, self.target.params, opt=self.opt, **kw, stored_features=self.features is not None
+        )
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
         self.params = jax.device_put(params, param_sh)
@@ -115,12 +134,15 @@ class Trainer:
         c = self.c
         self.ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
         if not self.ds.complete:
-            raise DataError(f"{c.data} is incomplete ({len(self.ds.shards)} shards so far): if prepare-data is still "
-                            "running, wait for it; if it stopped, rerun its command (it resumes, and names a damaged "
-                            "shard to delete); or set data_shards=N to train on the first N shards")
+            raise DataError(
+                f"{c.data} is incomplete ({len(self.ds.shards)} shards so far): if prepare-data is still "
+                "running, wait for it; if it stopped, rerun its command (it resumes, and names a damaged "
+                "shard to delete); or set data_shards=N to train on the first N shards"
+            )
         if len(self.ds) <= c.eval.val_size:
-            raise DataError(f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} "
-                            "plus training")
+            raise DataError(
+                f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} plus training"
+            )
         self.ds.check_vocab(self.tcfg.vocab_size)
         want = self.ds.meta.get("tokenizer_sha256")
         if want and want != self.target.identity["tokenizer_sha256"]:
@@ -130,7 +152,9 @@ class Trainer:
         if c.train.get("stored_features"):
             self.features = data.FeatureStore(
                 data.features_folder(c.data, self.target.identity, self.dcfg.target_layer_ids, c.train.compute_dtype),
-                self.ds, self.features_width)
+                self.ds,
+                self.features_width,
+            )
 
     def _validation_range(self) -> int | None:
         """``within`` of ``pipeline.split_indices``: ``eval.val_within_shards`` keeps an earlier
@@ -140,12 +164,16 @@ class Trainer:
         if not k:
             return None
         if k > len(self.ds.shards):
-            raise ConfigError(f"eval.val_within_shards={k} but this run reads {len(self.ds.shards)} shard(s) of "
-                              f"{c.data}; ask for at most that many (0 = all)")
+            raise ConfigError(
+                f"eval.val_within_shards={k} but this run reads {len(self.ds.shards)} shard(s) of "
+                f"{c.data}; ask for at most that many (0 = all)"
+            )
         within = self.ds.shard_start(k)
         if c.eval.val_size >= within:
-            raise ConfigError(f"eval.val_size={c.eval.val_size} needs more than the {within} sequences of the "
-                              f"first eval.val_within_shards={k} shard(s); raise val_within_shards")
+            raise ConfigError(
+                f"eval.val_size={c.eval.val_size} needs more than the {within} sequences of the "
+                f"first eval.val_within_shards={k} shard(s); raise val_within_shards"
+            )
         return None if within == len(self.ds) else within  # the same split as drawing from all: the same run
 
     def _initial_weights(self, folder: str, params):
@@ -155,25 +183,36 @@ class Trainer:
         ours, theirs = self.dcfg.to_released(), cfg.to_released()
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if diff:
-            raise ConfigError(f"init_from {folder}: its drafter differs from this config's in {', '.join(diff)}; "
-                              "set the drafter.* fields to match it")
+            raise ConfigError(
+                f"init_from {folder}: its drafter differs from this config's in {', '.join(diff)}; "
+                "set the drafter.* fields to match it"
+            )
         return jax.tree.map(lambda a, b: np.asarray(b, a.dtype), params, loaded)
 
     # -- checkpoints
     def _manager(self):
-        opts = ocp.CheckpointManagerOptions(max_to_keep=self.c.ckpt.keep, create=True,
-                                            enable_async_checkpointing=False)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=self.c.ckpt.keep, create=True, enable_async_checkpointing=False)
         return ocp.CheckpointManager((self.out / "ckpt").resolve(), options=opts)
 
     def _state(self):
-        return {"params": self.params, "opt_state": self.opt_state, "step": np.int64(self.step),
-                "rng": np.asarray(self.rng)}  # a host array: orbax cannot save a single-device one across hosts
+        return {
+            "params": self.params,
+            "opt_state": self.opt_state,
+            "step": np.int64(self.step),
+            "rng": np.asarray(self.rng),
+        }  # a host array: orbax cannot save a single-device one across hosts
 
     def save(self):
-        meta = {"run_id": self.run_id, "identity": self.identity, "step": self.step, "data_position": self.step,
-                "best_val_loss": self.best}
-        self.ckpt.save(self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(self._state()),
-                                                          meta=ocp.args.JsonSave(meta)))
+        meta = {
+            "run_id": self.run_id,
+            "identity": self.identity,
+            "step": self.step,
+            "data_position": self.step,
+            "best_val_loss": self.best,
+        }
+        self.ckpt.save(
+            self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(self._state()), meta=ocp.args.JsonSave(meta))
+        )
         self.ckpt.wait_until_finished()
 
     def _restore(self):
@@ -199,10 +238,14 @@ class Trainer:
             except Exception as e:  # orbax and tensorstore raise many types for a damaged checkpoint
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                 if k + 1 == len(steps):
-                    raise CheckpointError(f"no checkpoint in {self.out / 'ckpt'} restores (step {step}: {why}); "
-                                          "move that folder away to start the run afresh") from None
-                self.log(f"checkpoint step {step} in {self.out / 'ckpt'} does not restore ({why}); "
-                         f"trying step {steps[k + 1]}")
+                    raise CheckpointError(
+                        f"no checkpoint in {self.out / 'ckpt'} restores (step {step}: {why}); "
+                        "move that folder away to start the run afresh"
+                    ) from None
+                self.log(
+                    f"checkpoint step {step} in {self.out / 'ckpt'} does not restore ({why}); "
+                    f"trying step {steps[k + 1]}"
+                )
 
     def _check_same_run(self, meta: dict) -> None:
         if meta.get("run_id") != self.run_id:
@@ -211,7 +254,8 @@ class Trainer:
                 f"{self.out / 'ckpt'} holds a run with another {diff[0].split('.')[0] if diff else 'setup'} "
                 f"({'; '.join(diff[:4]) or 'unknown difference'}); a run cannot change its target, data, drafter "
                 "or training settings (train.steps shapes the schedule): pass another out_dir to start a new run; "
-                "nothing was changed")
+                "nothing was changed"
+            )
 
     def _restore_state(self, last: int, meta: dict) -> None:
         def spec(x):  # restore onto this run's mesh, whatever mesh wrote the checkpoint
@@ -249,10 +293,15 @@ class Trainer:
         accum, micro = t.grad_accum, t.batch_size // t.grad_accum
         if self.batches is not None:  # length buckets: the whole batch at once, padded to its bucket
             whole = self.batches[step]
-            return pipeline.global_batch(lambda j: {k: v[j] for k, v in whole.items()},
-                                         (accum, micro, whole["tokens"].shape[1]), self.batch_sh, self.features_width)
-        return pipeline.global_batch(lambda j: self.rows[step * t.batch_size + j], (accum, micro, t.max_len),
-                                     self.batch_sh, self.features_width)
+            return pipeline.global_batch(
+                lambda j: {k: v[j] for k, v in whole.items()},
+                (accum, micro, whole["tokens"].shape[1]),
+                self.batch_sh,
+                self.features_width,
+            )
+        return pipeline.global_batch(
+            lambda j: self.rows[step * t.batch_size + j], (accum, micro, t.max_len), self.batch_sh, self.features_width
+        )
 
     # -- validation
     def validate(self) -> dict:
@@ -265,8 +314,12 @@ class Trainer:
         if self.features is not None:
             empty["features"] = np.zeros((c.train.max_len, self.features_width), np.float32)
         for i in range(0, len(src), b):  # the last batch is padded with rows that carry no loss
-            batch = pipeline.global_batch(lambda j: src[i + j] if i + j < len(src) else empty,
-                                          (1, b, c.train.max_len), self.batch_sh, self.features_width)
+            batch = pipeline.global_batch(
+                lambda j: src[i + j] if i + j < len(src) else empty,
+                (1, b, c.train.max_len),
+                self.batch_sh,
+                self.features_width,
+            )
             s = self._eval(self.params, self.target.params, batch, jax.random.PRNGKey(c.seed + 1))
             total = s if total is None else jax.tree.map(jnp.add, total, s)
         out = {f"val_{k}": v for k, v in summarise(total).items()} if total is not None else {}
@@ -293,8 +346,14 @@ class Trainer:
         """Write the current drafter as ``out_dir/name`` (process 0; all processes gather it)."""
         params = multihost_utils.process_allgather(self.params, tiled=True) if jax.process_count() > 1 else self.params
         if is_main():
-            save_drafter(params, self.dcfg, self.out / name, target_identity=self.target.identity,
-                         overwrite=True, extra_meta={"step": self.step, "run_id": self.run_id})
+            save_drafter(
+                params,
+                self.dcfg,
+                self.out / name,
+                target_identity=self.target.identity,
+                overwrite=True,
+                extra_meta={"step": self.step, "run_id": self.run_id},
+            )
         return self.out / name
 
     # -- the loop
@@ -308,20 +367,33 @@ class Trainer:
         end = t.steps if stop_after is None else min(t.steps, self.step + stop_after)
         logf = self._open_log() if main else open(os.devnull, "w")
         last: dict = {}
-        bar = tqdm(total=t.steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   **({} if main else {"disable": True}))
+        bar = tqdm(
+            total=t.steps,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            **({} if main else {"disable": True}),
+        )
         while self.step < end:
             batch = self.global_batch(self.step)
             t0 = time.perf_counter()
-            self.params, self.opt_state, m = self._step(self.params, self.opt_state, self.target.params, batch,
-                                                        jax.random.fold_in(self.rng, self.step))
+            self.params, self.opt_state, m = self._step(
+                self.params, self.opt_state, self.target.params, batch, jax.random.fold_in(self.rng, self.step)
+            )
             m = jax.device_get(m)
             dt = time.perf_counter() - t0
             self.step += 1
-            rec = {"step": self.step, "loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
-                   "tau_est": float(m["tau_est"]), "tau_blocks": float(m["tau_blocks"]),
-                   "acc": [float(x) for x in m["acc"][1:]], "lr": float(self.schedule(self.step - 1)),
-                   "step_s": dt}
+            rec = {
+                "step": self.step,
+                "loss": float(m["loss"]),
+                "grad_norm": float(m["grad_norm"]),
+                "tau_est": float(m["tau_est"]),
+                "tau_blocks": float(m["tau_blocks"]),
+                "acc": [float(x) for x in m["acc"][1:]],
+                "lr": float(self.schedule(self.step - 1)),
+                "step_s": dt,
+            }
             if self.step % c.eval.every == 0 or self.step == t.steps:
                 val = self.validate()
                 rec |= {k: (float(v) if np.ndim(v) == 0 else [float(x) for x in v[1:]]) for k, v in val.items()}
@@ -354,9 +426,12 @@ def _check_batch_layout(c, mesh) -> None:
     if micro * t.grad_accum != t.batch_size:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be a multiple of train.grad_accum ({t.grad_accum})")
     if t.num_anchors % t.anchor_chunk:
-        raise ConfigError(f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk "
-                          f"({t.anchor_chunk})")
+        raise ConfigError(
+            f"train.num_anchors ({t.num_anchors}) must be a multiple of train.anchor_chunk ({t.anchor_chunk})"
+        )
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if micro % shards:
-        raise ConfigError(f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
-                          f"of data x fsdp = {shards} of mesh {tuple(c.mesh)}")
+        raise ConfigError(
+            f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
+            f"of data x fsdp = {shards} of mesh {tuple(c.mesh)}"
+        )

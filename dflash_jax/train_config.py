@@ -88,6 +88,7 @@ def validate_config(c) -> None:
     Raises:
       ConfigError: naming the field and what it must be.
     """
+
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise ConfigError(f"config: {what}")
@@ -99,26 +100,35 @@ def validate_config(c) -> None:
         need(isinstance(c.get(key), str) and c[key], f"{key} must be a non-empty string")
     need(is_int(c.get("seed")), "seed must be an integer")
     mesh = c.get("mesh", (1, 1, 1))
-    need(isinstance(mesh, (tuple, list)) and len(mesh) == 3 and all(is_int(x) and x >= 1 for x in mesh),
-         "mesh must be three positive integers (data, fsdp, tensor)")
+    need(
+        isinstance(mesh, (tuple, list)) and len(mesh) == 3 and all(is_int(x) and x >= 1 for x in mesh),
+        "mesh must be three positive integers (data, fsdp, tensor)",
+    )
     need(is_int(c.get("data_shards", 0)) and c.get("data_shards", 0) >= 0, "data_shards must be an integer >= 0")
     need(isinstance(c.get("init_from", ""), str), "init_from must be a drafter folder path or ''")
     d, t, e, k = c.drafter, c.train, c.eval, c.ckpt
     need(is_int(d.num_layers) and d.num_layers >= 1, "drafter.num_layers must be an integer >= 1")
     need(is_int(d.block_size) and d.block_size >= 2, "drafter.block_size must be an integer >= 2")
     need(d.mask_token_id is None or is_int(d.mask_token_id), "drafter.mask_token_id must be an integer or None")
-    need(d.sliding_window is None or (is_int(d.sliding_window) and d.sliding_window >= 1),
-         "drafter.sliding_window must be a positive integer or None")
+    need(
+        d.sliding_window is None or (is_int(d.sliding_window) and d.sliding_window >= 1),
+        "drafter.sliding_window must be a positive integer or None",
+    )
     for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
         need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
     need(t.max_len >= 2, "train.max_len must be >= 2")
     lo = t.get("loss_offsets", 0)
-    need(is_int(lo) and 0 <= lo <= d.block_size - 1,
-         f"train.loss_offsets must be an integer in [0, drafter.block_size - 1 = {d.block_size - 1}] (0 = all)")
+    need(
+        is_int(lo) and 0 <= lo <= d.block_size - 1,
+        f"train.loss_offsets must be an integer in [0, drafter.block_size - 1 = {d.block_size - 1}] (0 = all)",
+    )
     lb = t.get("length_buckets", ())
-    need(isinstance(lb, (tuple, list)) and all(is_int(x) and 1 <= x <= t.max_len for x in lb)
-         and list(lb) == sorted(set(lb)),
-         f"train.length_buckets must be increasing integers in [1, train.max_len = {t.max_len}] (() = no bucketing)")
+    need(
+        isinstance(lb, (tuple, list))
+        and all(is_int(x) and 1 <= x <= t.max_len for x in lb)
+        and list(lb) == sorted(set(lb)),
+        f"train.length_buckets must be increasing integers in [1, train.max_len = {t.max_len}] (() = no bucketing)",
+    )
     for key in ("gamma", "lr"):
         need(isinstance(t[key], (int, float)) and t[key] > 0, f"train.{key} must be a positive number")
     for key in ("warmup_frac", "weight_decay", "b1", "b2"):
@@ -145,8 +155,9 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
     if d.layer_types:
         kw["layer_types"] = tuple(d.layer_types)
         kw["sliding_window"] = d.sliding_window
-    cfg = DrafterConfig.for_target(target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask,
-                                   dtype=c.train.compute_dtype, **kw)
+    cfg = DrafterConfig.for_target(
+        target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask, dtype=c.train.compute_dtype, **kw
+    )
     check_fits(cfg, target)
     if not 0 <= mask < target.vocab_size:
         raise ConfigError(f"drafter.mask_token_id {mask} is outside the target's vocabulary")
@@ -159,8 +170,16 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
 SPEED_ONLY_TRAIN_FIELDS = ("remat", "stored_features")  # speed against memory or disk: the same run either way
 
 
-def run_identity(c, *, target_identity: dict, data_identity: dict, dcfg: DrafterConfig, val_within: int | None,
-                 bucket_window: int, bucket_lengths: tuple[int, ...] | None) -> dict:
+def run_identity(
+    c,
+    *,
+    target_identity: dict,
+    data_identity: dict,
+    dcfg: DrafterConfig,
+    val_within: int | None,
+    bucket_window: int,
+    bucket_lengths: tuple[int, ...] | None,
+) -> dict:
     """What a training run is: target, data, drafter, training settings, seed, held-out split, and
     ``init_from``. A checkpoint whose identity differs is another run (``Trainer`` refuses to resume it).
 
@@ -168,8 +187,14 @@ def run_identity(c, *, target_identity: dict, data_identity: dict, dcfg: Drafter
     speed-only fields always, so older runs keep their identity.
     """
     t = c.train
-    identity = {"target": target_identity, "data": data_identity, "drafter": dcfg.to_released(),
-                "train": t.to_dict(), "seed": c.seed, "val_size": c.eval.val_size}
+    identity = {
+        "target": target_identity,
+        "data": data_identity,
+        "drafter": dcfg.to_released(),
+        "train": t.to_dict(),
+        "seed": c.seed,
+        "val_size": c.eval.val_size,
+    }
     if val_within is not None:  # which sequences are held out (absent: drawn from all, as before this field)
         identity["val_within"] = val_within
     for key in NEWER_TRAIN_FIELDS:

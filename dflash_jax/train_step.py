@@ -22,18 +22,35 @@ from dflash_jax.sharding import axis_rules, batch_shardings, logical_to_sharding
 def make_schedule(t) -> optax.Schedule:
     """Learning rate: linear warmup over ``warmup_frac * steps``, then cosine decay to 0 at ``steps``."""
     warmup = max(1, int(round(t.warmup_frac * t.steps)))
-    return optax.warmup_cosine_decay_schedule(0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1),
-                                              end_value=0.0)
+    return optax.warmup_cosine_decay_schedule(
+        0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1), end_value=0.0
+    )
 
 
 def make_optimizer(t) -> optax.GradientTransformation:
     """AdamW on the warmup-cosine schedule, after global-norm clipping (SPEC "Training" 7)."""
-    return optax.chain(optax.clip_by_global_norm(t.grad_clip),
-                       optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay))
+    return optax.chain(
+        optax.clip_by_global_norm(t.grad_clip),
+        optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay),
+    )
 
 
-def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt, num_anchors, gamma,
-               anchor_chunk, loss_offsets=0, remat=True):
+def train_step(
+    params,
+    opt_state,
+    target_params,
+    batch,
+    rng,
+    *,
+    tcfg,
+    dcfg,
+    opt,
+    num_anchors,
+    gamma,
+    anchor_chunk,
+    loss_offsets=0,
+    remat=True,
+):
     """One optimiser update over ``accum`` micro-batches.
 
     Args:
@@ -48,8 +65,9 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     keys = jax.random.split(rng, accum)
     anchors = jax.vmap(loss_lib.sample_anchors, (0, 0, None))(keys, batch["loss_mask"], num_anchors)
     w = loss_lib.offset_weights(dcfg.block_size, gamma, loss_offsets)
-    _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(batch["tokens"], batch["loss_mask"], anchors,
-                                                               dcfg.block_size)
+    _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(
+        batch["tokens"], batch["loss_mask"], anchors, dcfg.block_size
+    )
     total_weight = jnp.maximum(jnp.sum(use * w), 1e-6)  # the whole global batch, every micro-batch
 
     def micro(carry, xs):
@@ -57,16 +75,29 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
         tokens, mask, anc, feats = xs
 
         def objective(p):
-            s = loss_lib.block_loss(p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, gamma=gamma,
-                                    anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat, feats=feats)
+            s = loss_lib.block_loss(
+                p,
+                target_params,
+                tokens,
+                mask,
+                anc,
+                tcfg=tcfg,
+                cfg=dcfg,
+                gamma=gamma,
+                anchor_chunk=anchor_chunk,
+                loss_offsets=loss_offsets,
+                remat=remat,
+                feats=feats,
+            )
             return s.loss / total_weight, s
 
         (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
         return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, stats, s)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    stats0 = loss_lib.BlockStats(*(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,),
-                                                                         (dcfg.block_size,), (), ())))
+    stats0 = loss_lib.BlockStats(
+        *(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,), (dcfg.block_size,), (), ()))
+    )
     xs = (batch["tokens"], batch["loss_mask"], anchors, batch.get("features"))
     (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), xs)
     updates, opt_state = opt.update(grads, opt_state, params)
@@ -74,8 +105,21 @@ def train_step(params, opt_state, target_params, batch, rng, *, tcfg, dcfg, opt,
     return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
 
 
-def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, gamma, anchor_chunk,
-                 loss_offsets=0, remat=True, stored_features=False):
+def sharded_step(
+    mesh,
+    params,
+    target_params,
+    *,
+    tcfg,
+    dcfg,
+    opt,
+    num_anchors,
+    gamma,
+    anchor_chunk,
+    loss_offsets=0,
+    remat=True,
+    stored_features=False,
+):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
     Parameters of the drafter and the frozen target are laid out by the logical-axis table
@@ -93,13 +137,27 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
     rep = named_sharding(mesh)
     # the optimiser moments mirror the parameter tree: each takes its parameter's sharding; the rest
     # (step counts) is replicated
-    opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, jax.eval_shape(opt.init, params), param_sh,
-                                   transform_non_params=lambda _: rep)
+    opt_sh = optax.tree_map_params(
+        opt, lambda _, sh: sh, jax.eval_shape(opt.init, params), param_sh, transform_non_params=lambda _: rep
+    )
     batch_sh = batch_shardings(mesh, stored_features)
-    step = partial(train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, gamma=gamma,
-                   anchor_chunk=anchor_chunk, loss_offsets=loss_offsets, remat=remat)
-    jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, target_sh, batch_sh, rep),
-                     out_shardings=(param_sh, opt_sh, rep), donate_argnums=(0, 1))
+    step = partial(
+        train_step,
+        tcfg=tcfg,
+        dcfg=dcfg,
+        opt=opt,
+        num_anchors=num_anchors,
+        gamma=gamma,
+        anchor_chunk=anchor_chunk,
+        loss_offsets=loss_offsets,
+        remat=remat,
+    )
+    jitted = jax.jit(
+        step,
+        in_shardings=(param_sh, opt_sh, target_sh, batch_sh, rep),
+        out_shardings=(param_sh, opt_sh, rep),
+        donate_argnums=(0, 1),
+    )
 
     def run(*args):
         with axis_rules(), jax.set_mesh(mesh):
@@ -112,17 +170,32 @@ def sharded_step(mesh, params, target_params, *, tcfg, dcfg, opt, num_anchors, g
 def summarise(s: loss_lib.BlockStats) -> dict:
     """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``."""
     acc = s.correct / jnp.maximum(s.count, 1.0)
-    return {"loss": s.loss / jnp.maximum(s.weight, 1e-6), "acc": acc,
-            "tau_est": loss_lib.tau_estimate(s.count, s.correct),
-            "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0)}
+    return {
+        "loss": s.loss / jnp.maximum(s.weight, 1e-6),
+        "acc": acc,
+        "tau_est": loss_lib.tau_estimate(s.count, s.correct),
+        "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0),
+    }
 
 
-def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0,
-               remat=True):
+def eval_stats(
+    params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0, remat=True
+):
     """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
     micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``."""
     batch = jax.tree.map(lambda x: x[0], batch)
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
-    return loss_lib.block_loss(params, target_params, batch["tokens"], batch["loss_mask"], anchors, tcfg=tcfg,
-                               cfg=dcfg, gamma=gamma, anchor_chunk=anchor_chunk, loss_offsets=loss_offsets,
-                               remat=remat, feats=batch.get("features"))
+    return loss_lib.block_loss(
+        params,
+        target_params,
+        batch["tokens"],
+        batch["loss_mask"],
+        anchors,
+        tcfg=tcfg,
+        cfg=dcfg,
+        gamma=gamma,
+        anchor_chunk=anchor_chunk,
+        loss_offsets=loss_offsets,
+        remat=remat,
+        feats=batch.get("features"),
+    )

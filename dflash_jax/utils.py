@@ -106,7 +106,7 @@ def folder_kind(folder: str | os.PathLike) -> str | None:
     folder = Path(folder)
     if (folder / KIND_FILE).is_file():
         return (folder / KIND_FILE).read_text().strip() or None
-    for name, key in ((META_FILE, "format"), ("meta.json", "format")):
+    for name in (META_FILE, "meta.json"):
         try:
             fmt = json.loads((folder / name).read_text()).get("format")
         except (OSError, ValueError, AttributeError):
@@ -179,10 +179,13 @@ def check_out(out: str | os.PathLike, overwrite: bool, kind: str) -> None:
         raise CheckpointError(f"refusing to overwrite {out}: it is a file; remove it yourself")
     have = folder_kind(out)
     if have is None and any(out.iterdir()):
-        raise CheckpointError(f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself")
+        raise CheckpointError(
+            f"refusing to overwrite {out}: it is not a folder written by dflash-jax; remove it yourself"
+        )
     if have is not None and have != kind:
-        raise CheckpointError(f"refusing to overwrite {out}: it holds a dflash-jax {have}, not a {kind}; "
-                              "choose another --out")
+        raise CheckpointError(
+            f"refusing to overwrite {out}: it holds a dflash-jax {have}, not a {kind}; choose another --out"
+        )
 
 
 @contextlib.contextmanager
@@ -242,8 +245,9 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
     return path
 
 
-def read_safetensors(files, names: dict[str, tuple[tuple[str, ...], bool]], expected=None,
-                     ignore=lambda name: False) -> tuple[dict, list[str]]:
+def read_safetensors(
+    files, names: dict[str, tuple[tuple[str, ...], bool]], expected=None, ignore=lambda name: False
+) -> tuple[dict, list[str]]:
     """Read the tensors ``names`` maps (safetensors name -> (pytree path, transpose?)) from ``files``.
 
     Returns ``(params, unused)``: a nested dict of float32 numpy arrays (transposed where asked),
@@ -269,8 +273,10 @@ def read_safetensors(files, names: dict[str, tuple[tuple[str, ...], bool]], expe
                     ours, transpose = names[name]
                     arr = np.asarray(f.get_tensor(name))
                     if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
-                        raise CheckpointError(f"tensor {name} in {path} has dtype {arr.dtype}, expected a float type "
-                                              "(float32, float16 or bfloat16)")
+                        raise CheckpointError(
+                            f"tensor {name} in {path} has dtype {arr.dtype}, expected a float type "
+                            "(float32, float16 or bfloat16)"
+                        )
                     arr = arr.astype(np.float32)
                     arr = arr.T if transpose else arr
                     if expected is not None:
@@ -280,8 +286,10 @@ def read_safetensors(files, names: dict[str, tuple[tuple[str, ...], bool]], expe
                         want = getattr(want, "shape", want)
                         if tuple(arr.shape) != tuple(want):
                             shape, want = (arr.T.shape, tuple(want)[::-1]) if transpose else (arr.shape, tuple(want))
-                            raise CheckpointError(f"tensor {name} in {path} has shape {tuple(shape)}, expected "
-                                                  f"{tuple(want)} from config.json")
+                            raise CheckpointError(
+                                f"tensor {name} in {path} has shape {tuple(shape)}, expected "
+                                f"{tuple(want)} from config.json"
+                            )
                     node = params
                     for k in ours[:-1]:
                         node = node.setdefault(k, {})
@@ -290,8 +298,10 @@ def read_safetensors(files, names: dict[str, tuple[tuple[str, ...], bool]], expe
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for a cut or garbled file
-            raise CheckpointError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
-                                  "a cut copy? copy or export it again") from None
+            raise CheckpointError(
+                f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
+                "a cut copy? copy or export it again"
+            ) from None
     missing = sorted(set(names) - found)
     if missing:
         raise CheckpointError(f"{len(missing)} tensor(s) missing from {Path(files[0]).parent}, first: {missing[0]}")

@@ -39,12 +39,12 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
     anchors = list(range(first, len(tokens) - b + 1))
     out = []
     for c in range(0, len(anchors), chunk):
-        part = anchors[c:c + chunk]
+        part = anchors[c : c + chunk]
         a = loss.Anchors(jnp.asarray([part]), jnp.ones((1, len(part)), bool))
         logits = loss.block_logits(dparams, ck.params, ctx, toks, a, tcfg=ck.cfg, cfg=dcfg)  # [1, A, B-1, V]
         guess = np.asarray(jnp.argmax(logits[0], -1))
         for j, p in enumerate(part):
-            hit = guess[j] == tokens[p + 1:p + b]
+            hit = guess[j] == tokens[p + 1 : p + b]
             out.append(1 + int(np.cumprod(hit).sum()))
     return np.asarray(out)
 

@@ -57,7 +57,7 @@ def run_jax(texts, n_new, batch):
     compile_s = dec.generate(ids[:batch], n_new)[0].compile_s  # warm-up for this shape bucket
     rows = []
     for i in range(0, len(ids), batch):
-        res = dec.generate(ids[i:i + batch], n_new)
+        res = dec.generate(ids[i : i + batch], n_new)
         r = res[0]
         rows.append({"ttft_s": r.prefill_s, "decode_tok_s": len(res) * (n_new - 1) / r.decode_s})
     return rows, compile_s
@@ -83,9 +83,14 @@ def run_round(texts, n_new, batch):
         secs, rounds, tokens = 0.0, 0, 0
         for p in ids:
             r = dec.generate([p], n_new)[0]
-            secs, rounds, tokens = secs + r.decode_s, rounds + len(r.acceptance_lengths), tokens + r.num_output_tokens - 1
-        rows.append({"block_size": bs, "ms_per_round": 1e3 * secs / rounds, "tau": tokens / rounds,
-                     "compile_s": compile_s})
+            secs, rounds, tokens = (
+                secs + r.decode_s,
+                rounds + len(r.acceptance_lengths),
+                tokens + r.num_output_tokens - 1,
+            )
+        rows.append(
+            {"block_size": bs, "ms_per_round": 1e3 * secs / rounds, "tau": tokens / rounds, "compile_s": compile_s}
+        )
     for r in rows:
         r["round_cost_steps"] = r["ms_per_round"] / rows[0]["ms_per_round"]
     return rows, 0.0
@@ -114,8 +119,15 @@ def run_stream(texts, n_new, batch):
             t1 = time.perf_counter()
             list(dec.stream(p, n_new))
             stream, gen = stream + time.perf_counter() - t1, gen + t1 - t0
-        rows.append({"block_size": bs, "generate_s": gen, "stream_s": stream, "overhead": stream / gen - 1,
-                     "ms_per_callback": 1e3 * (stream - gen) / (len(ids) * (n_new - 1))})
+        rows.append(
+            {
+                "block_size": bs,
+                "generate_s": gen,
+                "stream_s": stream,
+                "overhead": stream / gen - 1,
+                "ms_per_callback": 1e3 * (stream - gen) / (len(ids) * (n_new - 1)),
+            }
+        )
     return rows, 0.0
 
 
@@ -136,9 +148,15 @@ def run_batch(texts, n_new, batch):
         compile_s = dec.generate(ids[:b], n_new)[0].compile_s
         secs = 0.0
         for i in range(0, len(ids), b):
-            secs += dec.generate(ids[i:i + b], n_new)[0].decode_s
-        rows.append({"batch": b, "decode_tok_s": len(ids) * (n_new - 1) / secs,
-                     "ms_per_step": 1e3 * secs / (len(ids) // b) / (n_new - 1), "compile_s": compile_s})
+            secs += dec.generate(ids[i : i + b], n_new)[0].decode_s
+        rows.append(
+            {
+                "batch": b,
+                "decode_tok_s": len(ids) * (n_new - 1) / secs,
+                "ms_per_step": 1e3 * secs / (len(ids) // b) / (n_new - 1),
+                "compile_s": compile_s,
+            }
+        )
     return rows, 0.0
 
 
@@ -154,8 +172,9 @@ def run_hf(texts, n_new, batch):
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     rows = []
     for i, text in enumerate(texts):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
         kw = dict(do_sample=False, eos_token_id=None, pad_token_id=2)
         with torch.no_grad():
             if i == 0:
@@ -174,13 +193,26 @@ def worker(args):
     run = {"jax": run_jax, "hf": run_hf, "round": run_round, "batch": run_batch, "stream": run_stream}[args.impl]
     rows, compile_s = run(texts, args.new_tokens, args.batch)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"impl": args.impl, "batch": args.batch, "rows": rows, "compile_s": compile_s,
-                      "peak_rss_mb": peak_mb}))
+    print(
+        json.dumps(
+            {"impl": args.impl, "batch": args.batch, "rows": rows, "compile_s": compile_s, "peak_rss_mb": peak_mb}
+        )
+    )
 
 
 def _child(impl: str, prompts: int, new_tokens: int, batch: int = 1) -> dict:
-    cmd = [sys.executable, __file__, "--impl", impl, "--batch", str(batch), "--prompts", str(prompts),
-           "--new-tokens", str(new_tokens)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--impl",
+        impl,
+        "--batch",
+        str(batch),
+        "--prompts",
+        str(prompts),
+        "--new-tokens",
+        str(new_tokens),
+    ]
     print(f"running {impl} ...", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -188,27 +220,41 @@ def _child(impl: str, prompts: int, new_tokens: int, batch: int = 1) -> dict:
 
 def suite_vs_hf(args) -> dict:
     results = [_child("jax", args.prompts, args.new_tokens), _child("hf", args.prompts, args.new_tokens)]
-    lines = ["| implementation | batch | decode tokens/s (mean) | time to first token (s, mean) | peak RSS (MB) | compile (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| implementation | batch | decode tokens/s (mean) | time to first token (s, mean) | peak RSS (MB) "
+        "| compile (s) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
         tps = statistics.mean(x["decode_tok_s"] for x in r["rows"])
         ttft = statistics.mean(x["ttft_s"] for x in r["rows"])
         r["decode_tok_s_mean"], r["ttft_s_mean"] = tps, ttft
         name = "dflash-jax (ours)" if r["impl"] == "jax" else "transformers generate"
-        lines.append(f"| {name} | {r['batch']} | {tps:.1f} | {ttft:.3f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |")
+        lines.append(
+            f"| {name} | {r['batch']} | {tps:.1f} | {ttft:.3f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |"
+        )
     ratio = results[0]["decode_tok_s_mean"] / results[1]["decode_tok_s_mean"]
     lines.append(f"\nratio ours / transformers (decode tokens/s): {ratio:.2f}x")
-    return {"prompts": args.prompts, "new_tokens": args.new_tokens, "results": results, "ratio": ratio,
-            "table": "\n".join(lines)}
+    return {
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "results": results,
+        "ratio": ratio,
+        "table": "\n".join(lines),
+    }
 
 
 def suite_round(args) -> dict:
     r = _child("round", args.prompts, args.new_tokens)
-    lines = ["| block size | ms per round | round cost (plain steps) | tau (random drafter) | compile (s) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| block size | ms per round | round cost (plain steps) | tau (random drafter) | compile (s) |",
+        "|---|---|---|---|---|",
+    ]
     for x in r["rows"]:
-        lines.append(f"| {x['block_size']} | {x['ms_per_round']:.1f} | {x['round_cost_steps']:.2f} | "
-                     f"{x['tau']:.2f} | {x['compile_s']:.1f} |")
+        lines.append(
+            f"| {x['block_size']} | {x['ms_per_round']:.1f} | {x['round_cost_steps']:.2f} | "
+            f"{x['tau']:.2f} | {x['compile_s']:.1f} |"
+        )
     return {"prompts": args.prompts, "new_tokens": args.new_tokens, "rows": r["rows"], "table": "\n".join(lines)}
 
 
@@ -222,11 +268,15 @@ def suite_batch(args) -> dict:
 
 def suite_stream(args) -> dict:
     r = _child("stream", args.prompts, args.new_tokens)
-    lines = ["| block size | generate (s, all prompts) | stream (s) | overhead | ms per round callback |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| block size | generate (s, all prompts) | stream (s) | overhead | ms per round callback |",
+        "|---|---|---|---|---|",
+    ]
     for x in r["rows"]:
-        lines.append(f"| {x['block_size']} | {x['generate_s']:.2f} | {x['stream_s']:.2f} | "
-                     f"{100 * x['overhead']:+.1f}% | {x['ms_per_callback']:.2f} |")
+        lines.append(
+            f"| {x['block_size']} | {x['generate_s']:.2f} | {x['stream_s']:.2f} | "
+            f"{100 * x['overhead']:+.1f}% | {x['ms_per_callback']:.2f} |"
+        )
     return {"prompts": args.prompts, "new_tokens": args.new_tokens, "rows": r["rows"], "table": "\n".join(lines)}
 
 

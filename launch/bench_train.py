@@ -53,11 +53,15 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
     params = init_drafter_params(dcfg, 0)
     state = opt.init(params)
     rs = np.random.RandomState(0)
-    batch = {"tokens": rs.randint(0, ck.cfg.vocab_size, (1, 1, seq_len)).astype(np.int32),
-             "loss_mask": np.zeros((1, 1, seq_len), bool)}
-    batch["loss_mask"][..., seq_len // 2:] = True
-    step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0,
-                           anchor_chunk=chunk), donate_argnums=(0, 1))
+    batch = {
+        "tokens": rs.randint(0, ck.cfg.vocab_size, (1, 1, seq_len)).astype(np.int32),
+        "loss_mask": np.zeros((1, 1, seq_len), bool),
+    }
+    batch["loss_mask"][..., seq_len // 2 :] = True
+    step = jax.jit(
+        partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0, anchor_chunk=chunk),
+        donate_argnums=(0, 1),
+    )
     t0 = time.perf_counter()
     params, state, m = step(params, state, ck.params, batch, jax.random.PRNGKey(0))
     jax.block_until_ready(m)
@@ -69,9 +73,15 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
         params, state, m = step(params, state, ck.params, batch, jax.random.PRNGKey(2 + i))
     jax.block_until_ready(m)
     dt = (time.perf_counter() - t0) / steps
-    return {"anchors": anchors, "seq_len": seq_len, "s_per_step": dt, "blocks_per_s": anchors / dt,
-            "target_tokens_per_s": seq_len / dt, "compile_s": compile_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "anchors": anchors,
+        "seq_len": seq_len,
+        "s_per_step": dt,
+        "blocks_per_s": anchors / dt,
+        "target_tokens_per_s": seq_len / dt,
+        "compile_s": compile_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def recipe_worker(steps: int) -> dict:
@@ -90,11 +100,14 @@ def recipe_worker(steps: int) -> dict:
     enable_compilation_cache()
     ck = checkpoint.load_target(hub.SMOLLM2)
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=16, mask_token_id=16, target_layer_ids=(1, 14, 27))
-    opt = make_optimizer(ConfigDict(dict(lr=1.5e-3, warmup_frac=0.04, steps=600, grad_clip=1.0, b1=0.9, b2=0.999,
-                                         weight_decay=0.0)))
+    opt = make_optimizer(
+        ConfigDict(dict(lr=1.5e-3, warmup_frac=0.04, steps=600, grad_clip=1.0, b1=0.9, b2=0.999, weight_decay=0.0))
+    )
     rs = np.random.RandomState(0)
-    batch = {"tokens": rs.randint(0, ck.cfg.vocab_size, (1, 4, 384)).astype(np.int32),
-             "loss_mask": np.zeros((1, 4, 384), bool)}
+    batch = {
+        "tokens": rs.randint(0, ck.cfg.vocab_size, (1, 4, 384)).astype(np.int32),
+        "loss_mask": np.zeros((1, 4, 384), bool),
+    }
     batch["loss_mask"][..., 100:] = True
 
     def timed(fn, *args):
@@ -110,16 +123,32 @@ def recipe_worker(steps: int) -> dict:
     row = {"target_features_s": timed(feats, ck.params, batch["tokens"][0])}
     for k in (0, 8):
         params = init_drafter_params(dcfg, 0)
-        step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0, anchor_chunk=16,
-                               loss_offsets=k))
-        row[f"step_s_loss_offsets_{k}"] = timed(lambda: step(params, opt.init(params), ck.params, batch,
-                                                              jax.random.PRNGKey(0))[2])
+        step = jax.jit(
+            partial(
+                train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0, anchor_chunk=16, loss_offsets=k
+            )
+        )
+        row[f"step_s_loss_offsets_{k}"] = timed(
+            lambda: step(params, opt.init(params), ck.params, batch, jax.random.PRNGKey(0))[2]
+        )
     for chunk, remat in ((8, True), (16, False), (8, False)):  # train.anchor_chunk x train.remat, loss_offsets=8
         params = init_drafter_params(dcfg, 0)
-        step = jax.jit(partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0,
-                               anchor_chunk=chunk, loss_offsets=8, remat=remat))
+        step = jax.jit(
+            partial(
+                train_step,
+                tcfg=ck.cfg,
+                dcfg=dcfg,
+                opt=opt,
+                num_anchors=64,
+                gamma=7.0,
+                anchor_chunk=chunk,
+                loss_offsets=8,
+                remat=remat,
+            )
+        )
         row[f"step_s_loss_offsets_8_chunk_{chunk}_remat_{remat}"] = timed(
-            lambda: step(params, opt.init(params), ck.params, batch, jax.random.PRNGKey(0))[2])
+            lambda: step(params, opt.init(params), ck.params, batch, jax.random.PRNGKey(0))[2]
+        )
     row["target_share"] = row["target_features_s"] / row["step_s_loss_offsets_0"]
     row["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
@@ -139,9 +168,16 @@ def main():
         row = recipe_worker(args.steps)
         print(json.dumps(row, indent=1))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"machine": f"{platform.processor() or platform.machine()}, "
-                                                         f"{os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
-                                              **row}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                    "date": time.strftime("%Y-%m-%d"),
+                    **row,
+                },
+                indent=1,
+            )
+        )
         return
     if args.worker:
         print(json.dumps(worker(args.worker, args.seq_len, args.steps, args.anchor_chunk)))
@@ -149,22 +185,49 @@ def main():
     rows = []
     for a in args.anchors:
         print(f"anchors {a} ...", file=sys.stderr, flush=True)
-        out = subprocess.run([sys.executable, __file__, "--worker", str(a), "--seq-len", str(args.seq_len),
-                              "--steps", str(args.steps), "--anchor-chunk", str(args.anchor_chunk)],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(a),
+                "--seq-len",
+                str(args.seq_len),
+                "--steps",
+                str(args.steps),
+                "--anchor-chunk",
+                str(args.anchor_chunk),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
-    lines = ["| anchors | s per step | drafter blocks/s | target tokens/s | peak RSS (MB) | compile (s) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| anchors | s per step | drafter blocks/s | target tokens/s | peak RSS (MB) | compile (s) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['anchors']} | {r['s_per_step']:.2f} | {r['blocks_per_s']:.0f} | "
-                     f"{r['target_tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |")
+        lines.append(
+            f"| {r['anchors']} | {r['s_per_step']:.2f} | {r['blocks_per_s']:.0f} | "
+            f"{r['target_tokens_per_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['compile_s']:.1f} |"
+        )
     table = "\n".join(lines)
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"), "seq_len": args.seq_len, "anchor_chunk": args.anchor_chunk,
-        "rows": rows, "table": table}, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                "date": time.strftime("%Y-%m-%d"),
+                "seq_len": args.seq_len,
+                "anchor_chunk": args.anchor_chunk,
+                "rows": rows,
+                "table": table,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

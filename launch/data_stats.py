@@ -36,16 +36,22 @@ def per_source(folder: Path, stops: set[int]) -> dict:
             r["answer_tokens"] += len(answer)
             r["hit_cap"] += len(answer) >= cap and answer[-1] not in stops
             r["looping"] += loops(answer)
-    return {"shards": len(index["shards"]), "complete": index["complete"], "max_new_tokens": cap,
-            "sources": dict(sorted(rows.items()))}
+    return {
+        "shards": len(index["shards"]),
+        "complete": index["complete"],
+        "max_new_tokens": cap,
+        "sources": dict(sorted(rows.items())),
+    }
 
 
 def markdown(stats: dict) -> str:
     lines = ["| source | answers | mean answer tokens | hit the cap | loop |", "|---|---|---|---|---|"]
     for name, r in stats["sources"].items():
         n = max(r["answers"], 1)
-        lines.append(f"| {name} | {r['answers']} | {r['answer_tokens'] / n:.0f} | {r['hit_cap']} ({r['hit_cap'] / n:.0%}) "
-                     f"| {r['looping']} ({r['looping'] / n:.0%}) |")
+        lines.append(
+            f"| {name} | {r['answers']} | {r['answer_tokens'] / n:.0f} | {r['hit_cap']} ({r['hit_cap'] / n:.0%}) "
+            f"| {r['looping']} ({r['looping'] / n:.0%}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -59,8 +65,10 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target(args.target)), trust_remote_code=False)
     stats = per_source(args.folder, set(stop_ids(tok)))
-    print(f"{args.folder}: {stats['shards']} shards ({'complete' if stats['complete'] else 'in progress'}), "
-          f"answers capped at {stats['max_new_tokens']} tokens\n")
+    print(
+        f"{args.folder}: {stats['shards']} shards ({'complete' if stats['complete'] else 'in progress'}), "
+        f"answers capped at {stats['max_new_tokens']} tokens\n"
+    )
     print(markdown(stats))
     if args.json_out:
         args.json_out.write_text(json.dumps(stats, indent=1))

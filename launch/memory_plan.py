@@ -22,11 +22,23 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
-            "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
-            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "hidden_act": "silu",
-            "attention_bias": False}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
 
 
 def per_device_bytes(tree, shardings) -> int:
@@ -56,11 +68,14 @@ def plan(mesh_shape, micro_batch: int, seq_len: int, anchors: int, chunk: int) -
     target = checkpoint._abstract_params(tcfg, jnp.bfloat16, mesh)
     params = jax.eval_shape(lambda: init_drafter_params(dcfg))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(6e-4, weight_decay=0.0))
-    step, param_sh, batch_sh, opt_sh = sharded_step(mesh, params, target, tcfg=tcfg, dcfg=dcfg, opt=opt,
-                                                    num_anchors=anchors, gamma=7.0, anchor_chunk=chunk)
+    step, param_sh, batch_sh, opt_sh = sharded_step(
+        mesh, params, target, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0, anchor_chunk=chunk
+    )
     state = jax.eval_shape(opt.init, params)
-    batch = {"tokens": jax.ShapeDtypeStruct((1, micro_batch, seq_len), jnp.int32),
-             "loss_mask": jax.ShapeDtypeStruct((1, micro_batch, seq_len), jnp.bool_)}
+    batch = {
+        "tokens": jax.ShapeDtypeStruct((1, micro_batch, seq_len), jnp.int32),
+        "loss_mask": jax.ShapeDtypeStruct((1, micro_batch, seq_len), jnp.bool_),
+    }
     t0 = time.perf_counter()
     from dflash_jax.sharding import axis_rules
 
@@ -68,12 +83,16 @@ def plan(mesh_shape, micro_batch: int, seq_len: int, anchors: int, chunk: int) -
         compiled = step.jitted.lower(params, state, target, batch, jax.random.PRNGKey(0)).compile()
     mem = compiled.memory_analysis()
     gib = 1 / 2**30
-    return {"mesh": list(mesh_shape), "compile_s": time.perf_counter() - t0,
-            "target_params_gib": per_device_bytes(target, jax.tree.map(lambda x: x.sharding, target)) * gib,
-            "drafter_params_gib": per_device_bytes(params, param_sh) * gib,
-            "optimizer_gib": per_device_bytes(state, opt_sh) * gib,
-            "temp_gib": mem.temp_size_in_bytes * gib, "argument_gib": mem.argument_size_in_bytes * gib,
-            "output_gib": mem.output_size_in_bytes * gib}
+    return {
+        "mesh": list(mesh_shape),
+        "compile_s": time.perf_counter() - t0,
+        "target_params_gib": per_device_bytes(target, jax.tree.map(lambda x: x.sharding, target)) * gib,
+        "drafter_params_gib": per_device_bytes(params, param_sh) * gib,
+        "optimizer_gib": per_device_bytes(state, opt_sh) * gib,
+        "temp_gib": mem.temp_size_in_bytes * gib,
+        "argument_gib": mem.argument_size_in_bytes * gib,
+        "output_gib": mem.output_size_in_bytes * gib,
+    }
 
 
 def main():
@@ -91,14 +110,29 @@ def main():
         print(f"mesh {shape} ...", file=sys.stderr, flush=True)
         rows.append(plan(shape, args.micro_batch, args.seq_len, args.anchors, args.anchor_chunk))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    lines = ["| mesh (data, fsdp, tensor) | target params | drafter params | AdamW state | activations + temporaries (XLA) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| mesh (data, fsdp, tensor) | target params | drafter params | AdamW state "
+        "| activations + temporaries (XLA) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {tuple(r['mesh'])} | {r['target_params_gib']:.2f} GiB | {r['drafter_params_gib']:.2f} GiB | "
-                     f"{r['optimizer_gib']:.2f} GiB | {r['temp_gib']:.2f} GiB |")
+        lines.append(
+            f"| {tuple(r['mesh'])} | {r['target_params_gib']:.2f} GiB | {r['drafter_params_gib']:.2f} GiB | "
+            f"{r['optimizer_gib']:.2f} GiB | {r['temp_gib']:.2f} GiB |"
+        )
     print("\n".join(lines))
-    Path(args.out).write_text(json.dumps({"rows": rows, "table": "\n".join(lines), "micro_batch": args.micro_batch,
-                                          "seq_len": args.seq_len, "anchors": args.anchors}, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "table": "\n".join(lines),
+                "micro_batch": args.micro_batch,
+                "seq_len": args.seq_len,
+                "anchors": args.anchors,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

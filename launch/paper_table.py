@@ -41,8 +41,10 @@ def load_runs(folder: Path) -> dict[float, dict]:
     ident = set()
     files = sorted(folder.glob("*.records.jsonl"))
     if not files:
-        raise SystemExit(f"no *.records.jsonl in {folder}: run `make bench-full` (or dflash-jax bench "
-                         f"--json-out {folder}/NAME.json) first")
+        raise SystemExit(
+            f"no *.records.jsonl in {folder}: run `make bench-full` (or dflash-jax bench "
+            f"--json-out {folder}/NAME.json) first"
+        )
     for f in files:
         try:
             s, records = bench.read_records(f)
@@ -52,8 +54,10 @@ def load_runs(folder: Path) -> dict[float, dict]:
         run = runs.setdefault(float(s["temperature"]), {"block_sizes": None, "records": [], "files": []})
         blocks = [int(b) for b in s["block_sizes"]]
         if run["block_sizes"] not in (None, blocks):
-            raise SystemExit(f"{f}: block sizes {blocks}, but another run at temperature {s['temperature']} "
-                             f"used {run['block_sizes']}; one temperature, one set of block sizes")
+            raise SystemExit(
+                f"{f}: block sizes {blocks}, but another run at temperature {s['temperature']} "
+                f"used {run['block_sizes']}; one temperature, one set of block sizes"
+            )
         run["block_sizes"] = blocks
         run["records"] += records
         run["files"].append(f)
@@ -84,8 +88,10 @@ def table(runs: dict[float, dict]) -> dict:
     for d in [d for d in datasets if d in multi]:  # MT-Bench: first turns alone too (no earlier reply in context)
         groups[f"{d} (first turns)"] = lambda r, d=d: r["dataset"] == d and r["turn"] == 0
     groups["all"] = lambda r: True
-    rows = {name: [bench.summarise([r for r in runs[t]["records"] if keep(r)], b) for t, b, _ in columns]
-            for name, keep in groups.items()}
+    rows = {
+        name: [bench.summarise([r for r in runs[t]["records"] if keep(r)], b) for t, b, _ in columns]
+        for name, keep in groups.items()
+    }
     return {"columns": columns, "rows": rows}
 
 
@@ -131,8 +137,9 @@ def plot(tab: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("folder", type=Path, help="folder of bench records (*.records.jsonl)")
     ap.add_argument("--out", type=Path, default=None, help="output prefix (default: FOLDER/paper_table)")
     args = ap.parse_args(argv)
@@ -145,15 +152,28 @@ def main(argv=None) -> int:
     for t in sorted(runs):  # the detailed tables: loop-free figures, TTFT, identical outputs, every block size
         run = runs[t]
         present = [d for d in ORDER if any(r["dataset"] == d for r in run["records"])]
-        note = ("" if t == 0 else "Sampled: plain and speculative decoding draw from the same distribution, not the "
-                "same tokens, so `identical` is no check here (tests/test_sampling.py tests the distribution).\n\n")
-        md.append(f"\nTemperature {t:g} ({', '.join(f.name for f in run['files'])}):\n\n" + note
-                  + bench.markdown(bench.report(run["records"], run["block_sizes"], present)))
+        note = (
+            ""
+            if t == 0
+            else "Sampled: plain and speculative decoding draw from the same distribution, not the "
+            "same tokens, so `identical` is no check here (tests/test_sampling.py tests the distribution).\n\n"
+        )
+        md.append(
+            f"\nTemperature {t:g} ({', '.join(f.name for f in run['files'])}):\n\n"
+            + note
+            + bench.markdown(bench.report(run["records"], run["block_sizes"], present))
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.md").write_text("".join(md))
-    Path(f"{out}.json").write_text(json.dumps(
-        {"columns": [{"temperature": t, "block_size": b, "label": lab} for t, b, lab in tab["columns"]],
-         "rows": tab["rows"]}, indent=1))
+    Path(f"{out}.json").write_text(
+        json.dumps(
+            {
+                "columns": [{"temperature": t, "block_size": b, "label": lab} for t, b, lab in tab["columns"]],
+                "rows": tab["rows"],
+            },
+            indent=1,
+        )
+    )
     plot(tab, Path(f"{out}.png"))
     print("".join(md))
     print(f"wrote {out}.md, {out}.json, {out}.png")

@@ -50,7 +50,9 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     val = [r for r in rows if "val_loss" in r]
     if val:
         ax[0].plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", color="C1", label="validation")
-    ax[0].set(xlabel="step", ylabel="weighted cross-entropy (log scale)", title="loss", yscale="log")  # the first steps are ~10x the rest
+    ax[0].set(
+        xlabel="step", ylabel="weighted cross-entropy (log scale)", title="loss", yscale="log"
+    )  # the first steps are ~10x the rest
     ax[0].legend()
 
     last = rows[-1]

@@ -57,6 +57,7 @@ def objective(cfg: dict) -> tuple:
 
 def stage_taus(benches: list[dict], dataset: str) -> tuple[list[dict[int, float]], int]:
     """Per bench: {block size: tau} over the (dataset, id, turn) keys every bench has."""
+
     def keys(b):
         return {(r["dataset"], r["id"], r["turn"]) for r in b["records"] if r["dataset"] == dataset}
 
@@ -67,18 +68,29 @@ def stage_taus(benches: list[dict], dataset: str) -> tuple[list[dict[int, float]
     for b in benches:
         taus = {}
         for bs in b["settings"]["block_sizes"]:
-            acc = [n for r in b["records"] if (r["dataset"], r["id"], r["turn"]) in common
-                   for n in r[f"b{bs}"]["acceptance_lengths"]]
+            acc = [
+                n
+                for r in b["records"]
+                if (r["dataset"], r["id"], r["turn"]) in common
+                for n in r[f"b{bs}"]["acceptance_lengths"]
+            ]
             taus[int(bs)] = sum(acc) / len(acc)
         out.append(taus)
     return out, len(common)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", nargs=2, action="append", metavar=("RUN", "BENCH_JSON"), required=True,
-                    help="a training run folder and the bench JSON of its drafter; oldest first, repeatable")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--stage",
+        nargs=2,
+        action="append",
+        metavar=("RUN", "BENCH_JSON"),
+        required=True,
+        help="a training run folder and the bench JSON of its drafter; oldest first, repeatable",
+    )
     ap.add_argument("--dataset", default="gsm8k", help="bench dataset whose turns give tau")
     ap.add_argument("--out", default="docs/bench/stages.png", help="PNG to write")
     args = ap.parse_args(argv)
@@ -106,8 +118,9 @@ def main(argv=None) -> int:
     blocks = sorted(set.intersection(*(set(t) for t in taus)))
 
     last = runs[-1]["cfg"]  # losses are compared with the newest stage's
-    comparable = [objective(r["cfg"]) == objective(last) and held_out_split(r["cfg"]) == held_out_split(last)
-                  for r in runs]
+    comparable = [
+        objective(r["cfg"]) == objective(last) and held_out_split(r["cfg"]) == held_out_split(last) for r in runs
+    ]
 
     offset, rows = 0, []
     fig, (ax_loss, ax_tau) = plt.subplots(1, 2, figsize=(11, 4))
@@ -116,31 +129,54 @@ def main(argv=None) -> int:
         answers = shards * shard_size(r["cfg"]) - int(r["cfg"]["eval"]["val_size"])
         end = offset + r["best"][0]
         if comparable[i]:
-            ax_loss.plot([offset + s for s, _ in r["val"]], [v for _, v in r["val"]], "o-", ms=3, label=f"stage {i + 1}")
+            ax_loss.plot(
+                [offset + s for s, _ in r["val"]], [v for _, v in r["val"]], "o-", ms=3, label=f"stage {i + 1}"
+            )
         for j, bs in enumerate(blocks):
             ax_tau.plot(end, t[bs], "os^"[j % 3], color=f"C{j}", label=f"block {bs}" if i == 0 else None)
-        ax_tau.annotate(f"{answers}", (end, t[blocks[-1]]), textcoords="offset points", xytext=(0, 6),
-                        ha="center", fontsize=8)
-        rows.append((i + 1, r["name"], shards, answers, r["best"][0], end,
-                     f"{r['best'][1]:.3f}" if comparable[i] else "n/c", *(f"{t[bs]:.2f}" for bs in blocks)))
+        ax_tau.annotate(
+            f"{answers}", (end, t[blocks[-1]]), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+        )
+        rows.append(
+            (
+                i + 1,
+                r["name"],
+                shards,
+                answers,
+                r["best"][0],
+                end,
+                f"{r['best'][1]:.3f}" if comparable[i] else "n/c",
+                *(f"{t[bs]:.2f}" for bs in blocks),
+            )
+        )
         offset = end
     for j, bs in enumerate(blocks):
         xs = [row[5] for row in rows]
         ax_tau.plot(xs, [t[bs] for t in taus], "-", color=f"C{j}", alpha=0.5)
-    ax_loss.set(xlabel="total training steps", ylabel="validation loss", title="validation loss (same held-out answers)")
+    ax_loss.set(
+        xlabel="total training steps", ylabel="validation loss", title="validation loss (same held-out answers)"
+    )
     ax_loss.legend(fontsize=8)
-    ax_tau.set(xlabel="total training steps (at each stage's shipped step)", ylabel="tau",
-               title=f"{args.dataset} tau, {n_turns} turns (labels: training answers)")
+    ax_tau.set(
+        xlabel="total training steps (at each stage's shipped step)",
+        ylabel="tau",
+        title=f"{args.dataset} tau, {n_turns} turns (labels: training answers)",
+    )
     ax_tau.legend(fontsize=8)
     ax_tau.margins(x=0.08, y=0.15)
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)
 
-    print(f"{args.dataset}: tau over the {n_turns} turns every stage's bench has; "
-          f"validation loss n/c = other objective or held-out answers than stage {len(runs)}")
-    print("| stage | run | shards | training answers | best step | total steps | val loss | "
-          + " | ".join(f"tau b{bs}" for bs in blocks) + " |")
+    print(
+        f"{args.dataset}: tau over the {n_turns} turns every stage's bench has; "
+        f"validation loss n/c = other objective or held-out answers than stage {len(runs)}"
+    )
+    print(
+        "| stage | run | shards | training answers | best step | total steps | val loss | "
+        + " | ".join(f"tau b{bs}" for bs in blocks)
+        + " |"
+    )
     print("|" + "---|" * (7 + len(blocks)))
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")

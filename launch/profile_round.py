@@ -59,8 +59,10 @@ def main():
         feats = jnp.ones((1, t, len(dcfg.target_layer_ids) * cfg.hidden_size))
         write = jax.jit(lambda dp, dc, f: step.write_context(dp, dc, f, s))
         d = timeit(draft, dparams, ck.params, dcache) if t > 1 else 0.0
-        print(f"{t:<3d}{timeit(verify, ck.params, cache, tok):7.1f}{timeit(forward, ck.params, cache, tok):16.1f}"
-              f"{d:7.1f}{timeit(write, dparams, dcache, feats):15.1f}")
+        print(
+            f"{t:<3d}{timeit(verify, ck.params, cache, tok):7.1f}{timeit(forward, ck.params, cache, tok):16.1f}"
+            f"{d:7.1f}{timeit(write, dparams, dcache, feats):15.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,20 @@ from dflash_jax.drafter import DrafterConfig, init_drafter_params  # noqa: E402
 
 def step_seconds(dparams, tparams, tcfg, dcfg, tokens, mask, anchors, feats, n=3) -> float:
     def objective(p):
-        s = loss_lib.block_loss(p, tparams, tokens, mask, anchors, tcfg=tcfg, cfg=dcfg, gamma=7.0, anchor_chunk=8,
-                                loss_offsets=8, remat=False, feats=feats)
+        s = loss_lib.block_loss(
+            p,
+            tparams,
+            tokens,
+            mask,
+            anchors,
+            tcfg=tcfg,
+            cfg=dcfg,
+            gamma=7.0,
+            anchor_chunk=8,
+            loss_offsets=8,
+            remat=False,
+            feats=feats,
+        )
         return s.loss / s.weight
 
     grad = jax.jit(jax.grad(objective))

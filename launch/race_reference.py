@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--drafter", default=None, help="released-format drafter folder (default: the shipped one)")
     ap.add_argument("--dataset", default="gsm8k", help="bench prompt set")
     ap.add_argument("--prompts", type=int, default=20, help="first N prompts of the set")
@@ -87,34 +88,61 @@ def main() -> None:
                 dflash_generate(ref, hf, xt, max_new_tokens=8, stop_token_ids=stops, block_size=block)
                 hf.generate(xt, max_new_tokens=8, do_sample=False)
             spec, t_spec = wall(lambda: ours_spec.generate([x], args.max_new_tokens, stops)[0])
-            r_out, t_ref = wall(lambda: dflash_generate(ref, hf, xt, max_new_tokens=args.max_new_tokens,
-                                                        stop_token_ids=stops, block_size=block, return_stats=True))
+            r_out, t_ref = wall(
+                lambda: dflash_generate(
+                    ref,
+                    hf,
+                    xt,
+                    max_new_tokens=args.max_new_tokens,
+                    stop_token_ids=stops,
+                    block_size=block,
+                    return_stats=True,
+                )
+            )
             plain, t_plain = wall(lambda: ours_plain.generate([x], args.max_new_tokens, stops)[0])
-            h_out, t_hf = wall(lambda: hf.generate(xt, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                                   eos_token_id=stops, pad_token_id=stops[0]))
-        r_tokens = r_out.output_ids[0, len(x):].tolist()
-        h_tokens = h_out[0, len(x):].tolist()
-        rows.append({
-            "prompt": i, "prompt_tokens": len(x), "tokens": spec.num_output_tokens,
-            "plain_tokens": plain.num_output_tokens,
-            "ours_spec_s": t_spec, "ref_spec_s": t_ref, "ours_plain_s": t_plain, "hf_plain_s": t_hf,
-            "spec_tokens_equal": spec.token_ids == r_tokens,
-            "acceptance_equal": spec.acceptance_lengths == list(r_out.acceptance_lengths),
-            "plain_tokens_equal": plain.token_ids == h_tokens,
-            "spec_equals_plain": spec.token_ids == plain.token_ids,
-            "tau": spec.tau, "ref_tau": float(np.mean(r_out.acceptance_lengths)) if r_out.acceptance_lengths else 0.0,
-            "ref_tokens": len(r_tokens), "hf_tokens": len(h_tokens),
-        })
+            h_out, t_hf = wall(
+                lambda: hf.generate(
+                    xt, max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=stops, pad_token_id=stops[0]
+                )
+            )
+        r_tokens = r_out.output_ids[0, len(x) :].tolist()
+        h_tokens = h_out[0, len(x) :].tolist()
+        rows.append(
+            {
+                "prompt": i,
+                "prompt_tokens": len(x),
+                "tokens": spec.num_output_tokens,
+                "plain_tokens": plain.num_output_tokens,
+                "ours_spec_s": t_spec,
+                "ref_spec_s": t_ref,
+                "ours_plain_s": t_plain,
+                "hf_plain_s": t_hf,
+                "spec_tokens_equal": spec.token_ids == r_tokens,
+                "acceptance_equal": spec.acceptance_lengths == list(r_out.acceptance_lengths),
+                "plain_tokens_equal": plain.token_ids == h_tokens,
+                "spec_equals_plain": spec.token_ids == plain.token_ids,
+                "tau": spec.tau,
+                "ref_tau": float(np.mean(r_out.acceptance_lengths)) if r_out.acceptance_lengths else 0.0,
+                "ref_tokens": len(r_tokens),
+                "hf_tokens": len(h_tokens),
+            }
+        )
 
     def tps(key, tokens_key="tokens"):
         return sum(r[tokens_key] for r in rows) / sum(r[key] for r in rows)
 
     summary = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}",
-        "drafter": str(drafter_dir), "block_size": block, "dataset": args.dataset, "prompts": len(rows),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__}",
+        "drafter": str(drafter_dir),
+        "block_size": block,
+        "dataset": args.dataset,
+        "prompts": len(rows),
         "max_new_tokens": args.max_new_tokens,
-        "ours_spec_tok_s": tps("ours_spec_s"), "ref_spec_tok_s": tps("ref_spec_s", "ref_tokens"),
-        "ours_plain_tok_s": tps("ours_plain_s", "plain_tokens"), "hf_plain_tok_s": tps("hf_plain_s", "hf_tokens"),
+        "ours_spec_tok_s": tps("ours_spec_s"),
+        "ref_spec_tok_s": tps("ref_spec_s", "ref_tokens"),
+        "ours_plain_tok_s": tps("ours_plain_s", "plain_tokens"),
+        "hf_plain_tok_s": tps("hf_plain_s", "hf_tokens"),
         "spec_tokens_equal": sum(r["spec_tokens_equal"] for r in rows),
         "acceptance_equal": sum(r["acceptance_equal"] for r in rows),
         "plain_tokens_equal": sum(r["plain_tokens_equal"] for r in rows),
@@ -125,13 +153,15 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     n = len(rows)
-    print(f"| decoding | dflash-jax tok/s | reference tok/s | ratio | same tokens | same acceptance lengths |\n"
-          f"|---|---|---|---|---|---|\n"
-          f"| DFlash, block {block} (vs dflash==0.1.0) | {summary['ours_spec_tok_s']:.1f} | "
-          f"{summary['ref_spec_tok_s']:.1f} | {summary['spec_ratio']:.2f}x | {summary['spec_tokens_equal']}/{n} | "
-          f"{summary['acceptance_equal']}/{n} |\n"
-          f"| plain (vs transformers generate) | {summary['ours_plain_tok_s']:.1f} | {summary['hf_plain_tok_s']:.1f} | "
-          f"{summary['plain_ratio']:.2f}x | {summary['plain_tokens_equal']}/{n} | - |")
+    print(
+        f"| decoding | dflash-jax tok/s | reference tok/s | ratio | same tokens | same acceptance lengths |\n"
+        f"|---|---|---|---|---|---|\n"
+        f"| DFlash, block {block} (vs dflash==0.1.0) | {summary['ours_spec_tok_s']:.1f} | "
+        f"{summary['ref_spec_tok_s']:.1f} | {summary['spec_ratio']:.2f}x | {summary['spec_tokens_equal']}/{n} | "
+        f"{summary['acceptance_equal']}/{n} |\n"
+        f"| plain (vs transformers generate) | {summary['ours_plain_tok_s']:.1f} | {summary['hf_plain_tok_s']:.1f} | "
+        f"{summary['plain_ratio']:.2f}x | {summary['plain_tokens_equal']}/{n} | - |"
+    )
     log(f"tau {summary['tau']:.2f}; wrote {args.out}")
 
 

@@ -40,14 +40,22 @@ def summary(rows: list[dict]) -> dict:
         "train_hours": round(sum(r.get("step_s", 0.0) for r in train) / 3600, 2),
         "final_loss_mean_last_20": round(sum(r["loss"] for r in tail) / len(tail), 4),
         "final_tau_blocks_mean_last_20": round(sum(r["tau_blocks"] for r in tail) / len(tail), 3),
-        "final_offset_accuracy_mean_last_20": [round(sum(r["acc"][k] for r in tail) / len(tail), 3)
-                                               for k in range(len(last["acc"]))],
+        "final_offset_accuracy_mean_last_20": [
+            round(sum(r["acc"][k] for r in tail) / len(tail), 3) for k in range(len(last["acc"]))
+        ],
     }
     if val:
         best = min(val, key=lambda r: r["val_loss"])
-        out.update({"best_val_step": best["step"], "best_val_loss": round(best["val_loss"], 4),
-                    "val": [{k: round(r[k], 4) for k in ("step", "val_loss", "val_tau_blocks", "val_decode_tau")
-                             if k in r} for r in val]})
+        out.update(
+            {
+                "best_val_step": best["step"],
+                "best_val_loss": round(best["val_loss"], 4),
+                "val": [
+                    {k: round(r[k], 4) for k in ("step", "val_loss", "val_tau_blocks", "val_decode_tau") if k in r}
+                    for r in val
+                ],
+            }
+        )
     return out
 
 
@@ -58,9 +66,14 @@ def main() -> None:
     ap.add_argument("--which", default="best", choices=["best", "drafter"], help="lowest validation loss, or final")
     ap.add_argument("--data-command", default="", help="the prepare-data command that made the run's data")
     ap.add_argument("--command", default="", help="the train command(s) that made the run")
-    ap.add_argument("--earlier-stage", action="append", default=[], metavar="RUN",
-                    help="the run folder (out_dir, not its best/) that this run continued from through init_from, "
-                         "oldest first; repeatable: its steps and hours go into the summary and the README")
+    ap.add_argument(
+        "--earlier-stage",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="the run folder (out_dir, not its best/) that this run continued from through init_from, "
+        "oldest first; repeatable: its steps and hours go into the summary and the README",
+    )
     args = ap.parse_args()
 
     from dflash_jax.drafter_io import export_released, load_drafter
@@ -73,11 +86,19 @@ def main() -> None:
     stages = []
     for earlier in map(Path, args.earlier_stage):
         if not (earlier / "metrics.jsonl").exists():
-            sys.exit(f"--earlier-stage {earlier}: no metrics.jsonl there; give the earlier run's folder (its out_dir, "
-                     f"e.g. runs/smollm2_v1), not the drafter inside it")
+            sys.exit(
+                f"--earlier-stage {earlier}: no metrics.jsonl there; give the earlier run's folder (its out_dir, "
+                f"e.g. runs/smollm2_v1), not the drafter inside it"
+            )
         e = summary(read_metrics(earlier))
-        stages.append({"run": str(earlier), "steps": e["steps"], "train_hours": e["train_hours"],
-                       "best_val_loss": e.get("best_val_loss")})
+        stages.append(
+            {
+                "run": str(earlier),
+                "steps": e["steps"],
+                "train_hours": e["train_hours"],
+                "best_val_loss": e.get("best_val_loss"),
+            }
+        )
     if stages:
         info["earlier_stages"] = stages
         info["total_steps"] = info["steps"] + sum(x["steps"] for x in stages)
@@ -94,8 +115,16 @@ def main() -> None:
         (tmp / "drafter").rmdir()
         shutil.copy(run / "config.json", tmp / "train_config.json")
         (tmp / "training_summary.json").write_text(json.dumps(info, indent=1))
-        subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(run / "metrics.jsonl"),
-                        "--out", str(tmp / "loss.png")], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "launch" / "plot_metrics.py"),
+                str(run / "metrics.jsonl"),
+                "--out",
+                str(tmp / "loss.png"),
+            ],
+            check=True,
+        )
         (tmp / "README.md").write_text(
             f"# DFlash drafter for SmolLM2-135M-Instruct\n\n"
             f"Released DFlash format (bfloat16): `config.json` + `model.safetensors`; loads in "
@@ -110,8 +139,10 @@ def main() -> None:
             f"accuracy, validation tau\n- `loss.png`: the curves (of the last stage)\n\n"
             f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"
             f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
-            + "".join(f" --earlier-stage {x['run']}" for x in stages) + "\n```\n"
-            "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n")
+            + "".join(f" --earlier-stage {x['run']}" for x in stages)
+            + "\n```\n"
+            "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n"
+        )
     print(f"wrote {out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")
 
 

@@ -51,8 +51,14 @@ def main():
     ap.add_argument("records", type=Path, help="a bench run's .records.jsonl")
     ap.add_argument("--block-size", type=int, default=16, help="which speculative run of the records (b<N>)")
     ap.add_argument("--bucket", type=int, default=64, help="answer tokens per row of the position table")
-    ap.add_argument("--show", type=int, nargs="*", default=[], metavar="I",
-                    help="print turn I (0-based, among the turns with results at --block-size) with its rounds")
+    ap.add_argument(
+        "--show",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="I",
+        help="print turn I (0-based, among the turns with results at --block-size) with its rounds",
+    )
     ap.add_argument("--target", default="smollm2-135m-instruct", help="target whose tokenizer decodes --show")
     args = ap.parse_args()
 
@@ -65,15 +71,19 @@ def main():
     key = f"b{args.block_size}"
     records = [r for r in rows if r.get(key, {}).get("acceptance_lengths")]
     if not records:
-        sys.exit(f"{args.records} has no speculative records at block size {args.block_size} "
-                 f"(its block sizes: {settings.get('block_sizes')})")
+        sys.exit(
+            f"{args.records} has no speculative records at block size {args.block_size} "
+            f"(its block sizes: {settings.get('block_sizes')})"
+        )
     con = Console()
     if settings.get("temperature", 0.0) != 0.0:
         con.print(f"[yellow]note: these records were sampled at temperature {settings['temperature']}[/]")
 
     acc = by_position(records, key, args.bucket)
-    table = Table(title=f"tau (rounds) by where a round starts in the answer, block {args.block_size}, "
-                        f"{len(records)} turns ({sum(bool(r.get('loops')) for r in records)} looping)")
+    table = Table(
+        title=f"tau (rounds) by where a round starts in the answer, block {args.block_size}, "
+        f"{len(records)} turns ({sum(bool(r.get('loops')) for r in records)} looping)"
+    )
     table.add_column("answer tokens")
     for name in ("looping", "loop-free", "all"):
         table.add_column(name, justify="right")
@@ -98,16 +108,20 @@ def main():
             r = records[i]
             ids, lengths = r["output_ids"], r[key]["acceptance_lengths"]
             if not r[key].get("identical") or sum(lengths) + 1 != len(ids):
-                sys.exit(f"--show {i}: its speculative output differs from the plain one the records keep, "
-                         "so its rounds cannot be drawn on it")
+                sys.exit(
+                    f"--show {i}: its speculative output differs from the plain one the records keep, "
+                    "so its rounds cannot be drawn on it"
+                )
             out = Text(tok.decode(ids[:1]), style="dim")  # the prefill's token
             for start, n in rounds(lengths):
                 style = "red" if n == 1 else "yellow" if n < 4 else "green"
                 # the text the round adds (decoding prefixes keeps a character split across rounds whole)
-                piece = tok.decode(ids[:start + n])[len(tok.decode(ids[:start])):]
+                piece = tok.decode(ids[: start + n])[len(tok.decode(ids[:start])) :]
                 out.append("[" + piece + "]", style=style)
-            con.rule(f"record {i}: {r['dataset']} {r['id']} turn {r['turn']}, tau {np.mean(lengths):.2f}, "
-                     f"{'looping' if r.get('loops') else 'loop-free'}")
+            con.rule(
+                f"record {i}: {r['dataset']} {r['id']} turn {r['turn']}, tau {np.mean(lengths):.2f}, "
+                f"{'looping' if r.get('loops') else 'loop-free'}"
+            )
             con.print(out)
 
 

@@ -25,8 +25,14 @@ def tiny_models(tmp_path_factory):
 
     from dflash_jax import checkpoint
 
-    llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     variants = {
         "llama": dict(rope_scaling=llama3, attention_bias=True),
         "qwen2": dict(),

@@ -7,8 +7,14 @@ from pathlib import Path
 import numpy as np
 
 TINY = dict(
-    vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
     rms_norm_eps=1e-6,
 )
 
@@ -24,8 +30,9 @@ def tiny_tokenizer(vocab_size: int):
         vocab[f"t{i}"] = i
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>",
-                                  bos_token="<|im_start|>", pad_token="<|im_end|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>", pad_token="<|im_end|>"
+    )
     tok.chat_template = (
         "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
         "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
@@ -43,7 +50,9 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
     import transformers
 
     kw = dict(TINY, **overrides)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[
+        family
+    ]
     tie = kw.pop("tie_word_embeddings", False)
     config = cls(**kw, tie_word_embeddings=tie)
     torch.manual_seed(seed)
@@ -149,7 +158,7 @@ def expected_rounds(prompt_len, greedy, errors, block_size, max_new, stop_ids=()
         while a < v - 1 and start + 1 + a not in errors:
             a += 1
         produced = min(a + 1, limit - start - 1)
-        new = greedy[start + 1 - prompt_len: start + 1 - prompt_len + produced]
+        new = greedy[start + 1 - prompt_len : start + 1 - prompt_len + produced]
         hits = [i for i, t in enumerate(new) if t in stop_ids]
         if hits:
             produced = hits[0] + 1
@@ -169,8 +178,9 @@ def stale_scratch(out: Path) -> Path:
 
     from dflash_jax.utils import SCRATCH_FILE
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     pid, host = int(dead.stdout), socket.gethostname()
     folder = out.parent / f".{out.name}.dflash-jax-partial-{host}-{pid}-abc123"
     folder.mkdir(parents=True)

@@ -23,12 +23,17 @@ def _write(path, rows, as_list=False):
 def test_prompt_formats(tmp_path):
     g = load_eval_prompts("gsm8k", _write(tmp_path / "g.jsonl", [{"question": "Q1?", "answer": "1"}]))
     assert g[0].turns == ("Q1?" + GSM8K_SUFFIX,)
-    h = load_eval_prompts("humaneval", _write(tmp_path / "h.jsonl", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}]))
+    h = load_eval_prompts(
+        "humaneval", _write(tmp_path / "h.jsonl", [{"task_id": "HumanEval/0", "prompt": "def f():\n"}])
+    )
     assert h[0].id == "HumanEval/0"
-    assert h[0].turns[0] == ("Write a solution to the following problem and make sure that it passes the tests:\n"
-                             "```python\ndef f():\n\n```")
-    m = load_eval_prompts("mbpp", _write(tmp_path / "m.json", [{"task_id": t, "prompt": f"p{t}"} for t in (2, 11, 510, 511)],
-                                         as_list=True))
+    assert h[0].turns[0] == (
+        "Write a solution to the following problem and make sure that it passes the tests:\n```python\ndef f():\n\n```"
+    )
+    m = load_eval_prompts(
+        "mbpp",
+        _write(tmp_path / "m.json", [{"task_id": t, "prompt": f"p{t}"} for t in (2, 11, 510, 511)], as_list=True),
+    )
     assert [p.id for p in m] == ["11", "510"]  # the evaluation split only
     rows = [{"question_id": 81, "turns": ["a", "b"]}, {"question_id": 82, "turns": ["c", "d"]}]
     assert load_eval_prompts("mt-bench", _write(tmp_path / "mt.jsonl", rows))[1].turns == ("c", "d")
@@ -56,10 +61,21 @@ def test_the_real_sets_load(monkeypatch):
 
 
 def _rec(acc, plain_s, spec_s, tokens, loops=False):
-    return {"dataset": "x", "id": "0", "turn": 0, "loops": loops,
-            "plain": {"tokens": tokens, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0},
-            "b4": {"tokens": tokens, "decode_s": spec_s, "prefill_s": 0.2, "compile_s": 0.0,
-                   "acceptance_lengths": acc, "identical": True}}
+    return {
+        "dataset": "x",
+        "id": "0",
+        "turn": 0,
+        "loops": loops,
+        "plain": {"tokens": tokens, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0},
+        "b4": {
+            "tokens": tokens,
+            "decode_s": spec_s,
+            "prefill_s": 0.2,
+            "compile_s": 0.0,
+            "acceptance_lengths": acc,
+            "identical": True,
+        },
+    }
 
 
 def test_summary_figures_by_hand():
@@ -100,8 +116,24 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
     out = tmp_path / "b" / "r.json"
     shutil.copytree(root / "drafter", tmp_path / "drafter")  # this test re-ships it below
-    argv = ["bench", "--target", str(ck.path), "--drafter", str(tmp_path / "drafter"), "--dataset", "gsm8k", "mt-bench",
-            "--max-new-tokens", "12", "--block-size", "4", "8", "--json-out", str(out), "--no-progress"]
+    argv = [
+        "bench",
+        "--target",
+        str(ck.path),
+        "--drafter",
+        str(tmp_path / "drafter"),
+        "--dataset",
+        "gsm8k",
+        "mt-bench",
+        "--max-new-tokens",
+        "12",
+        "--block-size",
+        "4",
+        "8",
+        "--json-out",
+        str(out),
+        "--no-progress",
+    ]
     main(argv)
     rep = json.loads(out.read_text())
     recs = rep["records"]
@@ -111,7 +143,9 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert rep["tau"] == pytest.approx(np.mean(acc)) and rep["block_size"] == 4
     assert all(sum(r["b8"]["acceptance_lengths"]) + 1 == r["plain"]["tokens"] for r in recs)
     turn2 = next(r for r in recs if r["turn"] == 1)
-    assert turn2["prompt_tokens"] > next(r for r in recs if r["dataset"] == "mt-bench" and r["turn"] == 0)["prompt_tokens"]
+    assert (
+        turn2["prompt_tokens"] > next(r for r in recs if r["dataset"] == "mt-bench" and r["turn"] == 0)["prompt_tokens"]
+    )
     assert set(rep["table"]) == {"gsm8k", "mt-bench", "all"}
     for f in ("r.md", "r_histogram.png", "r_offsets.png"):
         assert (out.parent / f).stat().st_size > 0
@@ -160,25 +194,49 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     import show_rounds
 
     assert show_rounds.rounds([3, 1, 2]) == [(1, 3), (4, 1), (5, 2)]  # token 0 comes from the prefill
-    recs = [{"dataset": "gsm8k", "id": "0", "turn": 0, "loops": True, "output_ids": list(range(8)),
-             "b4": {"acceptance_lengths": [2, 1, 4]}},  # rounds start at 1, 3, 4
-            {"dataset": "gsm8k", "id": "1", "turn": 0, "loops": False, "output_ids": list(range(7)),
-             "b4": {"acceptance_lengths": [3, 3]}}]  # rounds start at 1, 4
+    recs = [
+        {
+            "dataset": "gsm8k",
+            "id": "0",
+            "turn": 0,
+            "loops": True,
+            "output_ids": list(range(8)),
+            "b4": {"acceptance_lengths": [2, 1, 4]},
+        },  # rounds start at 1, 3, 4
+        {
+            "dataset": "gsm8k",
+            "id": "1",
+            "turn": 0,
+            "loops": False,
+            "output_ids": list(range(7)),
+            "b4": {"acceptance_lengths": [3, 3]},
+        },
+    ]  # rounds start at 1, 4
     acc = show_rounds.by_position(recs, "b4", bucket=4)
     assert acc == {(True, 0): [3, 2], (True, 1): [4, 1], (False, 0): [3, 1], (False, 1): [3, 1]}
     f = tmp_path / "r.records.jsonl"
     f.write_text("\n".join(json.dumps(x) for x in [{"settings": {"block_sizes": [4]}}, *recs]) + '\n{"dataset": "gs')
     script = Path(show_rounds.__file__)
-    r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--bucket", "4"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(script), str(f), "--block-size", "4", "--bucket", "4"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.startswith(("│ 0-3", "│ 4-7"))]
-    assert [x for x in rows[0] if x != "│"] == ["0-3", "1.50", "(2)", "3.00", "(1)", "2.00", "(3)"]  # looping, loop-free, all
+    assert [x for x in rows[0] if x != "│"] == [
+        "0-3",
+        "1.50",
+        "(2)",
+        "3.00",
+        "(1)",
+        "2.00",
+        "(3)",
+    ]  # looping, loop-free, all
     assert [x for x in rows[1] if x != "│"] == ["4-7", "4.00", "(1)", "3.00", "(1)", "3.50", "(2)"]
     r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "16"], capture_output=True, text=True)
     assert r.returncode != 0 and "no speculative records at block size 16" in r.stderr
-    r = subprocess.run([sys.executable, str(script), str(f), "--block-size", "4", "--show", "0"],
-                       capture_output=True, text=True)  # no "identical": the plain tokens may not be the rounds'
+    r = subprocess.run(
+        [sys.executable, str(script), str(f), "--block-size", "4", "--show", "0"], capture_output=True, text=True
+    )  # no "identical": the plain tokens may not be the rounds'
     assert r.returncode != 0 and "differs from the plain one" in r.stderr
 
 
@@ -198,16 +256,25 @@ def test_plot_stages_compares_stages_on_common_turns(tmp_path, capsys):
     def stage(name, shards, offsets, val, bench_turns):
         run = tmp_path / name
         run.mkdir()
-        cfg = {"data": str(data), "data_shards": shards, "seed": 0,
-               "train": {"loss_offsets": offsets, "gamma": 7.0}, "eval": {"val_size": 4, "val_within_shards": 2}}
+        cfg = {
+            "data": str(data),
+            "data_shards": shards,
+            "seed": 0,
+            "train": {"loss_offsets": offsets, "gamma": 7.0},
+            "eval": {"val_size": 4, "val_within_shards": 2},
+        }
         (run / "config.json").write_text(json.dumps(cfg))
-        (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "val_loss": v}) for s, v in val)
-                                           + '\n{"step": 9')  # a line cut by a killed run
-        records = [{"dataset": "gsm8k", "id": i, "turn": 0, "b4": {"acceptance_lengths": lens}}
-                   for i, lens in bench_turns.items()]
+        (run / "metrics.jsonl").write_text(
+            "\n".join(json.dumps({"step": s, "val_loss": v}) for s, v in val) + '\n{"step": 9'
+        )  # a line cut by a killed run
+        records = [
+            {"dataset": "gsm8k", "id": i, "turn": 0, "b4": {"acceptance_lengths": lens}}
+            for i, lens in bench_turns.items()
+        ]
         bench = tmp_path / f"{name}.json"
-        bench.write_text(json.dumps({"settings": {"block_sizes": [4], "max_new_tokens": 8, "temperature": 0.0},
-                                     "records": records}))
+        bench.write_text(
+            json.dumps({"settings": {"block_sizes": [4], "max_new_tokens": 8, "temperature": 0.0}, "records": records})
+        )
         return [str(run), str(bench)]
 
     one = stage("one", 2, 0, [(5, 4.0), (10, 3.0)], {"0": [1, 1], "1": [4, 4]})  # another objective
@@ -216,8 +283,11 @@ def test_plot_stages_compares_stages_on_common_turns(tmp_path, capsys):
     png = tmp_path / "stages.png"
     assert plot_stages.main(["--stage", *one, "--stage", *two, "--stage", *three, "--out", str(png)]) == 0
     out = capsys.readouterr().out
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| 1 ")
-            or line.startswith("| 2 ") or line.startswith("| 3 ")]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in out.splitlines()
+        if line.startswith("| 1 ") or line.startswith("| 2 ") or line.startswith("| 3 ")
+    ]
     # stage, run, shards, training answers, best step, total steps, val loss, tau b4 (turns "0" and "1" only)
     assert rows[0] == ["1", "one", "2", "16", "10", "10", "n/c", "2.50"]
     assert rows[1] == ["2", "two", "3", "26", "8", "18", "2.000", "3.00"]
@@ -241,23 +311,46 @@ def test_paper_table_pools_turns_per_temperature_and_picks_the_best_block(tmp_pa
     import paper_table
 
     def rec(dataset, plain_s, turn=0, **blocks):
-        r = {"dataset": dataset, "id": "0", "turn": turn, "loops": False,
-             "plain": {"tokens": 11, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0}}
+        r = {
+            "dataset": dataset,
+            "id": "0",
+            "turn": turn,
+            "loops": False,
+            "plain": {"tokens": 11, "decode_s": plain_s, "prefill_s": 0.1, "compile_s": 0.0},
+        }
         for b, (decode_s, acc) in blocks.items():
-            r[b] = {"tokens": 11, "decode_s": decode_s, "prefill_s": 0.1, "compile_s": 0.0,
-                    "acceptance_lengths": acc, "identical": True}
+            r[b] = {
+                "tokens": 11,
+                "decode_s": decode_s,
+                "prefill_s": 0.1,
+                "compile_s": 0.0,
+                "acceptance_lengths": acc,
+                "identical": True,
+            }
         return r
 
     def write(name, temperature, block_sizes, records, drafter="d1", cut=False):
-        settings = {"target": {"name": "t", "sha256": "0"}, "drafter_sha256": drafter, "max_new_tokens": 10,
-                    "temperature": temperature, "block_sizes": block_sizes}
+        settings = {
+            "target": {"name": "t", "sha256": "0"},
+            "drafter_sha256": drafter,
+            "max_new_tokens": 10,
+            "temperature": temperature,
+            "block_sizes": block_sizes,
+        }
         text = "\n".join(json.dumps(x) for x in [{"settings": settings}, *records]) + "\n"
         (tmp_path / f"{name}.records.jsonl").write_text(text + ('{"dataset": "gs' if cut else ""))
 
     # plain 10 tok/s everywhere; block 4 pooled 30 tokens / 2.0 s (1.50x) beats block 16's 30 / 2.9 s (1.03x)
     write("t0_gsm8k", 0.0, [4, 16], [rec("gsm8k", 1.0, b4=(0.5, [2, 4, 4]), b16=(0.4, [5, 5]))], cut=True)
-    write("t0_mt-bench", 0.0, [4, 16], [rec("mt-bench", 1.0, b4=(1.0, [1, 1, 4, 4]), b16=(2.0, [10])),
-                                        rec("mt-bench", 1.0, turn=1, b4=(0.5, [4, 4, 2]), b16=(0.5, [10]))])
+    write(
+        "t0_mt-bench",
+        0.0,
+        [4, 16],
+        [
+            rec("mt-bench", 1.0, b4=(1.0, [1, 1, 4, 4]), b16=(2.0, [10])),
+            rec("mt-bench", 1.0, turn=1, b4=(0.5, [4, 4, 2]), b16=(0.5, [10])),
+        ],
+    )
     write("t1_gsm8k", 1.0, [16], [rec("gsm8k", 2.0, b16=(1.0, [2, 8]))])
     assert paper_table.main([str(tmp_path)]) == 0
     lines = (tmp_path / "paper_table.md").read_text().splitlines()

@@ -27,8 +27,9 @@ def test_roundtrip_identity_and_dtypes(tiny_models):
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(ck.params))
     bf = checkpoint.load_target(path, dtype="bfloat16")
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(bf.params))
-    np.testing.assert_allclose(np.asarray(bf.params["embedding"], np.float32), np.asarray(ck.params["embedding"]),
-                               rtol=1e-2)
+    np.testing.assert_allclose(
+        np.asarray(bf.params["embedding"], np.float32), np.asarray(ck.params["embedding"]), rtol=1e-2
+    )
 
 
 def test_sharded_load(tiny_models):
@@ -181,17 +182,26 @@ def test_gguf_never_reuses_a_stale_hf_folder(tiny_models, tmp_path):
     assert not (tmp_path / "g").exists()
 
 
-@pytest.mark.parametrize("patch, message", [
-    ({"num_attention_heads": None}, "num_attention_heads|malformed"),
-    ({"hidden_size": "abc"}, "malformed"),
-    ({"num_key_value_heads": 3}, "multiple of"),
-    ({"rope_scaling": {"factor": 2.0}}, "no rope_type"),
-])
+@pytest.mark.parametrize(
+    "patch, message",
+    [
+        ({"num_attention_heads": None}, "num_attention_heads|malformed"),
+        ({"hidden_size": "abc"}, "malformed"),
+        ({"num_key_value_heads": 3}, "multiple of"),
+        ({"rope_scaling": {"factor": 2.0}}, "no rope_type"),
+    ],
+)
 def test_malformed_config_fields(patch, message):
     from dflash_jax.target import TargetConfig
 
-    base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 1, "num_attention_heads": 4}
+    base = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+    }
     cfg = {**base, **patch}
     cfg = {k: v for k, v in cfg.items() if v is not None}
     with pytest.raises(ConfigError, match=message):

@@ -11,9 +11,8 @@ from dflash_jax.decode import Decoder, bucket
 
 
 def _hf_greedy(model, prompt, n, eos=None):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                         eos_token_id=eos, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +65,15 @@ def test_shapes_are_bucketed(qwen3):
     assert len(dec._compiled) == n
 
 
-@pytest.mark.parametrize("prompts, n, stops, message", [
-    ([[]], 4, [], "empty prompt"),
-    ([[1, 2]], 0, [], "max_new_tokens"),
-    ([[1, 2]], 4, [1000], "outside the vocabulary"),
-    ([[1, 2]], 10_000, [], "exceeds the target's context"),
-])
+@pytest.mark.parametrize(
+    "prompts, n, stops, message",
+    [
+        ([[]], 4, [], "empty prompt"),
+        ([[1, 2]], 0, [], "max_new_tokens"),
+        ([[1, 2]], 4, [1000], "outside the vocabulary"),
+        ([[1, 2]], 10_000, [], "exceeds the target's context"),
+    ],
+)
 def test_bad_input_fails_before_compiling(qwen3, prompts, n, stops, message):
     _, dec = qwen3
     before = len(dec._compiled)

@@ -17,9 +17,20 @@ from dflash_jax.drafter import (
 from dflash_jax.drafter_io import export_released, import_released
 from dflash_jax.target import TargetConfig, init_params
 
-TARGET = TargetConfig(family="qwen3", vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=6,
-                      num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-                      tie_word_embeddings=False, qk_norm=True)
+TARGET = TargetConfig(
+    family="qwen3",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=6,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    qk_norm=True,
+)
 
 
 def test_default_layer_ids_round_half_to_even():
@@ -34,14 +45,18 @@ def _scaled(params, seed, scale):
 
     rs = np.random.RandomState(seed)
     return jax.tree_util.tree_map(
-        lambda x: np.asarray(x) * scale if x.ndim > 1 else (np.asarray(x) + 0.1 * rs.randn(*x.shape)).astype(np.float32),
-        params)
+        lambda x: (
+            np.asarray(x) * scale if x.ndim > 1 else (np.asarray(x) + 0.1 * rs.randn(*x.shape)).astype(np.float32)
+        ),
+        params,
+    )
 
 
 CONFIGS = {
     "gqa": dict(num_layers=2),
-    "sliding": dict(num_layers=3, layer_types=("full_attention", "sliding_attention", "sliding_attention"),
-                    sliding_window=5),
+    "sliding": dict(
+        num_layers=3, layer_types=("full_attention", "sliding_attention", "sliding_attention"), sliding_window=5
+    ),
     "scaled": dict(num_layers=1, input_embedding_scale=2.5, output_multiplier=0.7, final_logit_softcapping=8.0),
 }
 
@@ -75,8 +90,12 @@ def test_draft_logits_equal_reference(name, tmp_path):
     # reference: same weights, target embedding / head from our random target params
     emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)] * cfg.input_embedding_scale
     with torch.no_grad():
-        h = ref(target_hidden=torch.tensor(feats), noise_embedding=emb_t,
-                position_ids=torch.arange(start + bs)[None], use_cache=False)
+        h = ref(
+            target_hidden=torch.tensor(feats),
+            noise_embedding=emb_t,
+            position_ids=torch.arange(start + bs)[None],
+            use_cache=False,
+        )
         head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head.weight.copy_(torch.tensor(np.asarray(tparams["lm_head"]).T))
         want = ref.compute_logits(h, head).numpy()

@@ -14,7 +14,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import TINY, make_hf_model, stale_scratch
+from helpers import TINY, stale_scratch
 
 from dflash_jax import checkpoint, data, prepare, prompts
 from dflash_jax.cli import main
@@ -48,15 +48,31 @@ def _drafter(ck):
 
 def _dataset(folder: Path, seed: int, n: int = 40) -> Path:
     rs = np.random.RandomState(seed)
-    return data.write_dataset(folder, [rs.randint(4, 96, 30).tolist() for _ in range(n)],
-                              [[False] * 6 + [True] * 24 for _ in range(n)])
+    return data.write_dataset(
+        folder, [rs.randint(4, 96, 30).tolist() for _ in range(n)], [[False] * 6 + [True] * 24 for _ in range(n)]
+    )
 
 
 def _config(ck, folder, out, *extra):
-    return load_config(ROOT / "configs" / "smollm2_135m.py", [
-        f"target={ck.path}", f"data={folder}", f"out_dir={out}", "drafter.num_layers=1", "drafter.target_layer_ids=(1,)",
-        "drafter.block_size=4", "train.max_len=32", "train.num_anchors=8", "train.anchor_chunk=8",
-        "train.batch_size=4", "eval.val_size=4", "eval.decode_prompts=0", "eval.every=100", *extra])
+    return load_config(
+        ROOT / "configs" / "smollm2_135m.py",
+        [
+            f"target={ck.path}",
+            f"data={folder}",
+            f"out_dir={out}",
+            "drafter.num_layers=1",
+            "drafter.target_layer_ids=(1,)",
+            "drafter.block_size=4",
+            "train.max_len=32",
+            "train.num_anchors=8",
+            "train.anchor_chunk=8",
+            "train.batch_size=4",
+            "eval.val_size=4",
+            "eval.decode_prompts=0",
+            "eval.every=100",
+            *extra,
+        ],
+    )
 
 
 def _run_cli(argv, capsys) -> str:
@@ -152,8 +168,18 @@ def test_rerun_over_a_damaged_shard_names_the_fix_and_keeps_the_index(target, tm
 def test_empty_prompt_file_is_refused_before_the_model_loads(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    msg = _run_cli(["prepare-data", "--target", str(tmp_path / "no-such-target"), "--prompts", str(empty),
-                    "--out", str(tmp_path / "d")], capsys)
+    msg = _run_cli(
+        [
+            "prepare-data",
+            "--target",
+            str(tmp_path / "no-such-target"),
+            "--prompts",
+            str(empty),
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        capsys,
+    )
     assert "has no prompts" in msg and not (tmp_path / "d").exists()
 
 
@@ -208,8 +234,10 @@ def test_a_folder_with_remote_code_is_loaded_without_running_it(tiny_models, tmp
     _, hf_dir, _ = tiny_models["qwen2"]
     evil = _copy(hf_dir, tmp_path / "hf")
     sentinel = tmp_path / "ran"
-    (evil / "evil_tokenizer.py").write_text(f"open({str(sentinel)!r}, 'w').write('ran')\n"
-                                            "from transformers import PreTrainedTokenizerFast as EvilTokenizer\n")
+    (evil / "evil_tokenizer.py").write_text(
+        f"open({str(sentinel)!r}, 'w').write('ran')\n"
+        "from transformers import PreTrainedTokenizerFast as EvilTokenizer\n"
+    )
     cfg = json.loads((evil / "tokenizer_config.json").read_text())
     cfg["auto_map"] = {"AutoTokenizer": [None, "evil_tokenizer.EvilTokenizer"]}
     (evil / "tokenizer_config.json").write_text(json.dumps(cfg))
@@ -278,10 +306,15 @@ def test_bad_drafter_folders_are_one_line_errors(target, tmp_path, capsys):
         f.truncate(size // 2)
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
         load_drafter(cut)
-    assert "not a readable safetensors" in _run_cli(["import-drafter", "--drafter", str(cut), "--out",
-                                                     str(tmp_path / "x")], capsys)
-    for patch, field in (({"num_hidden_layers": None}, "num_hidden_layers"), ({"block_size": "abc"}, "block_size"),
-                         ({"hidden_size": 1.5}, "hidden_size"), ({"architectures": ["DFlash2DraftModel"]}, "DFlash 2")):
+    assert "not a readable safetensors" in _run_cli(
+        ["import-drafter", "--drafter", str(cut), "--out", str(tmp_path / "x")], capsys
+    )
+    for patch, field in (
+        ({"num_hidden_layers": None}, "num_hidden_layers"),
+        ({"block_size": "abc"}, "block_size"),
+        ({"hidden_size": 1.5}, "hidden_size"),
+        ({"architectures": ["DFlash2DraftModel"]}, "DFlash 2"),
+    ):
         bad = _copy(rel, tmp_path / f"bad-{field.replace(' ', '')}")
         raw = json.loads((bad / "config.json").read_text())
         for k, v in patch.items():
@@ -307,12 +340,14 @@ def test_bad_gguf_bodies_are_one_line_errors(tmp_path, capsys):
     cut = tmp_path / "cut.gguf"
     with open(real, "rb") as f:
         cut.write_bytes(f.read(1 << 16))  # the header and a little of the tensors
-    assert "not a readable GGUF model" in _run_cli(["convert", "--gguf", str(cut), "--out", str(tmp_path / "o")],
-                                                   capsys)
+    assert "not a readable GGUF model" in _run_cli(
+        ["convert", "--gguf", str(cut), "--out", str(tmp_path / "o")], capsys
+    )
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"GGUF" + os.urandom(4096))
-    assert "not a readable GGUF model" in _run_cli(["convert", "--gguf", str(garbage), "--out",
-                                                    str(tmp_path / "o")], capsys)
+    assert "not a readable GGUF model" in _run_cli(
+        ["convert", "--gguf", str(garbage), "--out", str(tmp_path / "o")], capsys
+    )
 
 
 def test_unwritable_outputs_and_a_too_large_mesh_are_one_line_errors(tiny_models, tmp_path, capsys):
@@ -334,8 +369,9 @@ def test_ctrl_c_in_prepare_data_says_how_to_resume(target, tmp_path, capsys, mon
         raise KeyboardInterrupt
 
     monkeypatch.setattr(prepare, "prepare", interrupted)
-    msg = _run_cli(["prepare-data", "--target", str(ck.path), "--prompts", str(src), "--out", str(tmp_path / "d")],
-                   capsys)
+    msg = _run_cli(
+        ["prepare-data", "--target", str(ck.path), "--prompts", str(src), "--out", str(tmp_path / "d")], capsys
+    )
     assert "run the same command again to resume" in msg
 
 
@@ -354,10 +390,27 @@ def test_generate_checks_every_argument_and_prompt_before_decoding(target, tmp_p
     assert "top_p" in _run_cli(["generate", "--target", missing, "--prompt", "t5", "--top-p", "2"], capsys)
     assert "choose one" in _run_cli(["generate", "--target", missing, "--prompt", "t5", "--stream", "--json"], capsys)
     long = tmp_path / "p.jsonl"
-    long.write_text("\ufeff" + json.dumps({"prompt": "t5 t6"}) + "\n"  # a byte-order mark, as some editors write
-                    + json.dumps({"prompt": " ".join(["t7"] * 600)}) + "\n")
-    msg = _run_cli(["generate", "--target", str(ck.path), "--drafter", "none", "--prompts-file", str(long),
-                    "--max-new-tokens", "4"], capsys)
+    long.write_text(
+        "\ufeff"
+        + json.dumps({"prompt": "t5 t6"})
+        + "\n"  # a byte-order mark, as some editors write
+        + json.dumps({"prompt": " ".join(["t7"] * 600)})
+        + "\n"
+    )
+    msg = _run_cli(
+        [
+            "generate",
+            "--target",
+            str(ck.path),
+            "--drafter",
+            "none",
+            "--prompts-file",
+            str(long),
+            "--max-new-tokens",
+            "4",
+        ],
+        capsys,
+    )
     assert "p.jsonl:2" in msg and "context" in msg and capsys.readouterr().out == ""  # nothing was decoded
 
 
@@ -366,8 +419,7 @@ def test_convert_checks_out_before_reading(tiny_models, tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "x").write_text("mine")
-    assert "already exists" in _run_cli(["convert", "--gguf", str(tmp_path / "none.gguf"), "--out", str(taken)],
-                                        capsys)
+    assert "already exists" in _run_cli(["convert", "--gguf", str(tmp_path / "none.gguf"), "--out", str(taken)], capsys)
 
 
 def test_written_weights_are_readable_by_others(target, tmp_path):
@@ -380,4 +432,3 @@ def test_written_weights_are_readable_by_others(target, tmp_path):
         os.umask(old)
     assert stat.S_IMODE((rel / "model.safetensors").stat().st_mode) == 0o644
     assert stat.S_IMODE(rel.stat().st_mode) == 0o755
-

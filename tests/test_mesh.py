@@ -59,8 +59,11 @@ def test_trainer_on_a_mesh_resumes_on_another(tiny_models, tmp_path):
     _, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)
     rs = np.random.RandomState(1)
-    folder = data.write_dataset(tmp_path / "d", [rs.randint(4, 96, 40).tolist() for _ in range(48)],
-                                [[False] * 8 + [True] * 32 for _ in range(48)])
+    folder = data.write_dataset(
+        tmp_path / "d",
+        [rs.randint(4, 96, 40).tolist() for _ in range(48)],
+        [[False] * 8 + [True] * 32 for _ in range(48)],
+    )
     extra = ("train.steps=4", "ckpt.every=2", "eval.every=100", "eval.val_size=8")
     single = Trainer(tiny_config(ck, folder, tmp_path / "one", *extra), log=lambda *_: None)
     single.run()
@@ -94,7 +97,7 @@ def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape)
         assert (g.token_ids, g.acceptance_lengths) == (w.token_ids, w.acceptance_lengths)
     k = sharded.params["layers_0"]["attn"]["k_proj"]
     assert len(k.sharding.device_set) == 8
-    (prefill, _), = dec._compiled.values()
+    ((prefill, _),) = dec._compiled.values()
     cache_k = prefill.output_shardings.target_cache[0][0]  # [batch, cache_length, kv_heads, head_dim]
     assert cache_k.spec[2] == "tensor" and cache_k.spec[0] in (("data", "fsdp"), "data")  # heads, batch split
 
@@ -112,13 +115,34 @@ def test_two_processes_train_like_one(tiny_models, tmp_path):
 
     _, _, path = tiny_models["qwen3"]
     rs = np.random.RandomState(2)
-    folder = data.write_dataset(tmp_path / "d", [rs.randint(4, 96, 40).tolist() for _ in range(48)],
-                                [[False] * 8 + [True] * 32 for _ in range(48)])
+    folder = data.write_dataset(
+        tmp_path / "d",
+        [rs.randint(4, 96, 40).tolist() for _ in range(48)],
+        [[False] * 8 + [True] * 32 for _ in range(48)],
+    )
     root = Path(__file__).resolve().parents[1]
-    base = [sys.executable, "-m", "dflash_jax.cli", "train", "--config", str(root / "configs" / "smollm2_135m.py"),
-            f"target={path}", f"data={folder}", "drafter.num_layers=1", "drafter.block_size=4", "train.max_len=40",
-            "train.num_anchors=8", "train.anchor_chunk=4", "train.batch_size=8", "train.steps=3", "ckpt.every=3",
-            "eval.every=100", "eval.val_size=8", "eval.decode_prompts=0", "mesh=(2, 2, 2)"]
+    base = [
+        sys.executable,
+        "-m",
+        "dflash_jax.cli",
+        "train",
+        "--config",
+        str(root / "configs" / "smollm2_135m.py"),
+        f"target={path}",
+        f"data={folder}",
+        "drafter.num_layers=1",
+        "drafter.block_size=4",
+        "train.max_len=40",
+        "train.num_anchors=8",
+        "train.anchor_chunk=4",
+        "train.batch_size=8",
+        "train.steps=3",
+        "ckpt.every=3",
+        "eval.every=100",
+        "eval.val_size=8",
+        "eval.decode_prompts=0",
+        "mesh=(2, 2, 2)",
+    ]
     env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1"}
     one = subprocess.run(base + [f"out_dir={tmp_path / 'one'}"], env=env, capture_output=True, text=True)
     assert one.returncode == 0, one.stderr[-2000:]
@@ -127,8 +151,14 @@ def test_two_processes_train_like_one(tiny_models, tmp_path):
         port = s.getsockname()[1]
     env2 = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PORT": str(port)}
     script = [str(root / "launch" / "train_hosts.sh"), "localhost localhost", base[5]]
-    two = subprocess.run(script + base[6:] + [f"out_dir={tmp_path / 'two'}"], env=env2, capture_output=True,
-                         text=True, timeout=600, cwd=root)
+    two = subprocess.run(
+        script + base[6:] + [f"out_dir={tmp_path / 'two'}"],
+        env=env2,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "process 1 of 2: 4 local devices, 8 in all" in two.stderr
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]

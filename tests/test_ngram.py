@@ -33,10 +33,10 @@ def ref_propose(seq, k, nmax, nmin):
     for n in range(nmax, nmin - 1, -1):
         if n > len(seq):
             continue
-        suffix = seq[start - n + 1:]
+        suffix = seq[start - n + 1 :]
         for end in range(start - 1, n - 2, -1):  # most recent first; the suffix itself excluded
-            if seq[end - n + 1: end + 1] == suffix:
-                return seq[end + 1: end + 1 + k], n, end  # cut where the committed sequence ends
+            if seq[end - n + 1 : end + 1] == suffix:
+                return seq[end + 1 : end + 1 + k], n, end  # cut where the committed sequence ends
     return [], 0, -1
 
 
@@ -52,8 +52,11 @@ def test_proposals_follow_the_rule():
     for nmax, nmin, bs in COMBOS:
         step = NgramStep(nmax, nmin, bs)
         k = bs - 1
-        draft_fn = jax.jit(lambda tok, st: step.draft(None, None, None, tok[jnp.arange(batch), st], st,
-                                                      jnp.full_like(st, bs), bs, tokens=tok))
+        draft_fn = jax.jit(
+            lambda tok, st: step.draft(
+                None, None, None, tok[jnp.arange(batch), st], st, jnp.full_like(st, bs), bs, tokens=tok
+            )
+        )
         for trial in range(30):
             vocab = int(rng.choice([2, 3, 5, 12]))
             tokens = rng.integers(0, vocab, (batch, span + bs)).astype(np.int32)  # slots past start: stale junk
@@ -62,7 +65,7 @@ def test_proposals_follow_the_rule():
             if trial % 3 == 0:  # the last n-gram also occurs at the very start of the sequence
                 n = int(rng.integers(nmin, nmax + 1))
                 starts[1] = int(rng.integers(n, span))
-                tokens[1, starts[1] - n + 1: starts[1] + 1] = tokens[1, :n]
+                tokens[1, starts[1] - n + 1 : starts[1] + 1] = tokens[1, :n]
             draft, num = jax.device_get(draft_fn(tokens, starts))
             assert draft.shape == (batch, k) and draft.dtype == np.int32 and num.dtype == np.int32
             for b in range(batch):
@@ -70,7 +73,7 @@ def test_proposals_follow_the_rule():
                 want, n, end = ref_propose(tokens[b, : s + 1].tolist(), k, nmax, nmin)
                 assert num[b] == len(want), (nmax, nmin, bs, tokens[b, : s + 1].tolist())
                 assert draft[b, : num[b]].tolist() == want, (nmax, nmin, bs, tokens[b, : s + 1].tolist())
-                assert not draft[b, num[b]:].any()  # padding is 0
+                assert not draft[b, num[b] :].any()  # padding is 0
                 seen["none"] += not want
                 seen["short"] += 0 < len(want) < k
                 seen["full"] += len(want) == k
@@ -106,6 +109,7 @@ def test_invalid_ranges_are_refused():
 
 # --- 2. greedy: lossless, with the predicted acceptance lengths ---------------------------------
 
+
 class _Tiny(NamedTuple):
     params: dict
     cfg: TargetConfig
@@ -123,8 +127,12 @@ def target():
     cfg = TargetConfig.from_hf(dict(TINY, model_type="qwen3", vocab_size=VG))
     paths, tree = jax.tree_util.tree_flatten_with_path(init_params(cfg))
     keys = jax.random.split(jax.random.key(0), len(paths))
-    leaves = [1.0 + 0.1 * jax.random.normal(k, v.shape) if "norm" in jax.tree_util.keystr(path)
-              else 0.2 * jax.random.normal(k, v.shape) for k, (path, v) in zip(keys, paths)]
+    leaves = [
+        1.0 + 0.1 * jax.random.normal(k, v.shape)
+        if "norm" in jax.tree_util.keystr(path)
+        else 0.2 * jax.random.normal(k, v.shape)
+        for k, (path, v) in zip(keys, paths)
+    ]
     params = jax.tree.unflatten(tree, leaves)
     return _Tiny(params, cfg), Decoder(params, cfg)
 
@@ -143,7 +151,7 @@ def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=()):
         while a < min(len(draft), v - 1) and draft[a] == seq[start + 1 + a]:
             a += 1
         produced = min(a + 1, limit - start - 1)
-        hits = [i for i, t in enumerate(seq[start + 1: start + 1 + produced]) if t in stop_ids]
+        hits = [i for i, t in enumerate(seq[start + 1 : start + 1 + produced]) if t in stop_ids]
         if hits:
             produced = hits[0] + 1
         rounds.append(produced)
@@ -155,10 +163,12 @@ def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=()):
 
 def _prompts(seed):
     rs = np.random.RandomState(seed)
-    return [np.tile(rs.randint(4, VG, 5), 3).tolist(),  # repetitive: drafts from the prompt
-            rs.randint(4, VG, 13).tolist(),
-            [int(rs.randint(4, VG))],  # a single token
-            (rs.randint(4, VG, 3).tolist() * 4)[:10] + rs.randint(4, VG, 4).tolist()]
+    return [
+        np.tile(rs.randint(4, VG, 5), 3).tolist(),  # repetitive: drafts from the prompt
+        rs.randint(4, VG, 13).tolist(),
+        [int(rs.randint(4, VG))],  # a single token
+        (rs.randint(4, VG, 3).tolist() * 4)[:10] + rs.randint(4, VG, 4).tolist(),
+    ]
 
 
 @pytest.mark.parametrize("nmax,nmin,bs", [(4, 1, 8), (3, 2, 4)])
@@ -167,14 +177,14 @@ def test_greedy_is_lossless_with_predicted_rounds(target, nmax, nmin, bs):
     prompts, n_new = _prompts(bs), 40
     free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]  # past the limit
     dec = Decoder(ck.params, ck.cfg, drafter=(None, NgramStep(nmax, nmin, 8)), block_size=bs)
-    first = free[0][len(prompts[0]):]
+    first = free[0][len(prompts[0]) :]
     at = next(i for i in range(10, n_new) if first.index(first[i]) == i)  # first emitted mid-sequence
     stop = first[at]
     longest, partial, cut = 0, 0, 0
     for stops in ((), (stop,)):
         got = dec.generate(prompts, n_new, stop_token_ids=stops)
         for p, f, g in zip(prompts, free, got):
-            want = f[len(p): len(p) + n_new]
+            want = f[len(p) : len(p) + n_new]
             if stop in stops and stop in want:
                 want = want[: want.index(stop) + 1]
             assert g.token_ids == want  # plain decoding's tokens (test_decode: with stops too)
@@ -257,9 +267,19 @@ P_REJECT = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny():
-    hf = dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-              rms_norm_eps=1e-6, tie_word_embeddings=False)
+    hf = dict(
+        model_type="qwen3",
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     cfg = TargetConfig.from_hf(hf)
     params = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_params(cfg, seed=1))  # peakier logits
     return cfg, params
@@ -297,8 +317,16 @@ def chi_square_p(counts: np.ndarray, expected_p: np.ndarray) -> float:
     return float(stats.chisquare(obs, ex * obs.sum() / ex.sum()).pvalue)
 
 
-@pytest.mark.parametrize("s", [Sampling(0.8), Sampling(1.0, top_p=0.9, top_k=5), Sampling(0.01),
-                               Sampling(2.0, top_p=0.3), Sampling(1.0, top_k=1)])
+@pytest.mark.parametrize(
+    "s",
+    [
+        Sampling(0.8),
+        Sampling(1.0, top_p=0.9, top_k=5),
+        Sampling(0.01),
+        Sampling(2.0, top_p=0.3),
+        Sampling(1.0, top_k=1),
+    ],
+)
 def test_draft_logits_give_a_point_mass_under_any_sampling(s):
     """``q`` is exactly one-hot at every draft offset, padding included (the rejection rule then
     accepts x with probability p(x) and resamples from norm(p with x removed))."""

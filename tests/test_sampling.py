@@ -31,9 +31,19 @@ P_REJECT = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny():
-    hf = dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-              rms_norm_eps=1e-6, tie_word_embeddings=False)
+    hf = dict(
+        model_type="qwen3",
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     cfg = TargetConfig.from_hf(hf)
     params = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_params(cfg, seed=1))  # peakier logits
     dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=V - 1)
@@ -51,7 +61,7 @@ def exact_joint(cfg, params, s: Sampling) -> np.ndarray:
     p = np.asarray(probs(model.apply({"params": params}, hidden, method="logits"), s), np.float64)
     n = len(PROMPT)
     p1 = p[0, n - 1]  # [V]
-    p2 = p[:: V, n].reshape(V, V)  # rows with pair (a, 0): p(x2 | a)
+    p2 = p[::V, n].reshape(V, V)  # rows with pair (a, 0): p(x2 | a)
     p3 = p[:, n + 1].reshape(V, V, V)  # p(x3 | a, b)
     return p1[:, None, None] * p2[:, :, None] * p3
 
@@ -123,9 +133,21 @@ def test_temperature_zero_is_greedy_whatever_top_p_and_top_k(tiny):
         assert out[0].token_ids == greedy
 
 
-@pytest.mark.parametrize("t,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (1.3, 0.9, 0), (1.0, 0.5, 10),
-                                             (0.9, 1.0, 1), (1.0, 1.0, 50), (1.0, 1.0, 500), (1.0, 1e-6, 0),
-                                             (2.0, 0.8, 7), (0.5, 0.999, 3)])
+@pytest.mark.parametrize(
+    "t,top_p,top_k",
+    [
+        (1.0, 1.0, 0),
+        (0.7, 1.0, 0),
+        (1.3, 0.9, 0),
+        (1.0, 0.5, 10),
+        (0.9, 1.0, 1),
+        (1.0, 1.0, 50),
+        (1.0, 1.0, 500),
+        (1.0, 1e-6, 0),
+        (2.0, 0.8, 7),
+        (0.5, 0.999, 3),
+    ],
+)
 def test_probs_match_the_reference(t, top_p, top_k):
     torch = pytest.importorskip("torch")
     from dflash.model import _sampling_probs
@@ -140,8 +162,9 @@ def test_probs_match_the_reference(t, top_p, top_k):
         assert np.all((ours > 0).sum(-1) == 1)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
-                                dict(top_k=2.5)])
+@pytest.mark.parametrize(
+    "kw", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(top_k=2.5)]
+)
 def test_invalid_settings_are_refused_like_the_reference(kw):
     with pytest.raises(ValueError):
         Sampling(**kw)
@@ -162,9 +185,20 @@ def test_stream_yields_the_rounds_of_generate(tiny, s):
 
 
 def test_stream_raises_bad_input_in_the_caller():
-    cfg = TargetConfig.from_hf(dict(model_type="qwen3", vocab_size=V, hidden_size=32, intermediate_size=64,
-                                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                    max_position_embeddings=128, rms_norm_eps=1e-6))
+    cfg = TargetConfig.from_hf(
+        dict(
+            model_type="qwen3",
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+        )
+    )
     with pytest.raises(ValueError, match="max_new_tokens"):
         list(Decoder(init_params(cfg), cfg).stream(PROMPT, 0))
 

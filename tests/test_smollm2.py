@@ -42,9 +42,16 @@ def test_greedy_decoding_equals_transformers(smollm2):
     ours = dec.generate(prompts, 48, stop_ids(tok))
     for p, r in zip(prompts, ours):
         with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, output_scores=True,
-                              return_dict_in_generate=True, eos_token_id=stop_ids(tok), pad_token_id=2)
-        ref = out.sequences[0, len(p):].tolist()
+            out = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=48,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                eos_token_id=stop_ids(tok),
+                pad_token_id=2,
+            )
+        ref = out.sequences[0, len(p) :].tolist()
         if r.token_ids != ref:
             k = next(i for i, (a, b) in enumerate(zip(r.token_ids, ref)) if a != b)
             top2 = torch.topk(out.scores[k][0], 2).values
@@ -87,8 +94,9 @@ def test_speculative_equals_plain_on_real_prompts(smollm2):
     for p, want, r in zip(prompts, plain, spec.generate(prompts, 48, stop_ids(tok))):
         _same_or_near_tie(ck, p, want, r.token_ids)
     errors = [{len(p) + i for i in range(1, 60) if i % 5 == 0} for p in prompts]
-    oracle = Decoder(ck.params, ck.cfg, drafter=(oracle_params(prompts, plain, errors),
-                                                 OracleDraft(ck.cfg.vocab_size, 8)))
+    oracle = Decoder(
+        ck.params, ck.cfg, drafter=(oracle_params(prompts, plain, errors), OracleDraft(ck.cfg.vocab_size, 8))
+    )
     results = oracle.generate(prompts, 48, stop_ids(tok))
     for p, want, r in zip(prompts, plain, results):
         _same_or_near_tie(ck, p, want, r.token_ids)
@@ -121,8 +129,9 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
         ids = encode(tok, text, chat=True)
         ours = dec.generate([ids], 48, stops)[0]
         with torch.no_grad():
-            out = dflash_generate(ref, hf, torch.tensor([ids]), max_new_tokens=48, stop_token_ids=stops,
-                                  block_size=16, return_stats=True)
-        assert ours.token_ids == out.output_ids[0, len(ids):].tolist()
+            out = dflash_generate(
+                ref, hf, torch.tensor([ids]), max_new_tokens=48, stop_token_ids=stops, block_size=16, return_stats=True
+            )
+        assert ours.token_ids == out.output_ids[0, len(ids) :].tolist()
         assert ours.acceptance_lengths == list(out.acceptance_lengths)
         _same_or_near_tie(ck, ids, plain.generate([ids], 48, stops)[0].token_ids, ours.token_ids)

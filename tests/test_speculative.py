@@ -16,8 +16,14 @@ from dflash_jax.drafter_io import export_released
 def setup(tiny_models):
     hf, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)
-    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=8, mask_token_id=3,
-                                    layer_types=("full_attention", "sliding_attention"), sliding_window=6)
+    dcfg = DrafterConfig.for_target(
+        ck.cfg,
+        num_layers=2,
+        block_size=8,
+        mask_token_id=3,
+        layer_types=("full_attention", "sliding_attention"),
+        sliding_window=6,
+    )
     dparams = init_drafter_params(dcfg, seed=0)
     plain = Decoder(ck.params, ck.cfg)
     return hf, ck, dcfg, dparams, plain, {}
@@ -31,8 +37,12 @@ def _spec(setup, bs):
 
 
 @settings(max_examples=8, deadline=None)
-@given(lens=st.lists(st.integers(1, 40), min_size=1, max_size=3), bs=st.sampled_from([2, 5, 8]),
-       n_new=st.integers(1, 30), seed=st.integers(0, 1000))
+@given(
+    lens=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    bs=st.sampled_from([2, 5, 8]),
+    n_new=st.integers(1, 30),
+    seed=st.integers(0, 1000),
+)
 def test_speculative_equals_plain(setup, lens, bs, n_new, seed):
     plain = setup[4]
     rs = np.random.RandomState(seed)
@@ -63,8 +73,9 @@ def test_acceptance_lengths_equal_reference(setup, tmp_path, monkeypatch):
     for n in (4, 13, 30):
         prompt = rs.randint(4, 96, n).tolist()
         ours = dec.generate([prompt], 25)[0]
-        out = dflash_generate(ref, hf, torch.tensor([prompt]), max_new_tokens=25, stop_token_ids=None,
-                              return_stats=True)
+        out = dflash_generate(
+            ref, hf, torch.tensor([prompt]), max_new_tokens=25, stop_token_ids=None, return_stats=True
+        )
         assert ours.token_ids == out.output_ids[0, n:].tolist()
         assert ours.acceptance_lengths == out.acceptance_lengths
 
@@ -81,8 +92,10 @@ def test_drafter_that_does_not_fit_is_a_clear_error(setup, tmp_path):
     with pytest.raises(ConfigError, match="vocab_size"):
         check_fits(dataclasses.replace(dcfg, vocab_size=97), ck.cfg)
     with pytest.raises(ConfigError, match="4-layer target"):
-        check_fits(dataclasses.replace(dcfg, num_target_layers=4, target_layer_ids=(1,)), ck.cfg.__class__(
-            **{**dataclasses.asdict(ck.cfg), "num_layers": 5}))
+        check_fits(
+            dataclasses.replace(dcfg, num_target_layers=4, target_layer_ids=(1,)),
+            ck.cfg.__class__(**{**dataclasses.asdict(ck.cfg), "num_layers": 5}),
+        )
     with pytest.raises(ConfigError, match="another target"):
         check_fits(dcfg, ck.cfg, {"config_sha256": "x"}, ck.identity)
     with pytest.raises(ConfigError, match="target_layer_ids"):
@@ -98,8 +111,22 @@ def test_generate_cli_with_released_drafter(setup, tmp_path, capsys):
 
     _, ck, dcfg, dparams, _, _ = setup
     export_released(dparams, dcfg, tmp_path / "d", target_identity=ck.identity)
-    main(["generate", "--target", str(ck.path), "--drafter", str(tmp_path / "d"), "--prompt", "t10 t11",
-          "--max-new-tokens", "9", "--block-size", "4", "--json"])
+    main(
+        [
+            "generate",
+            "--target",
+            str(ck.path),
+            "--drafter",
+            str(tmp_path / "d"),
+            "--prompt",
+            "t10 t11",
+            "--max-new-tokens",
+            "9",
+            "--block-size",
+            "4",
+            "--json",
+        ]
+    )
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["num_output_tokens"] == 9 and sum(rec["acceptance_lengths"]) == 8
     assert rec["tau"] == pytest.approx(np.mean(rec["acceptance_lengths"]))
@@ -121,6 +148,7 @@ def test_jax_modules_never_import_torch(tiny_models):
 
 
 # --- multi-token acceptance with an oracle drafter -------------------------------------------
+
 
 def _errors_for(prompt_len, lengths, bs):
     """Error positions that make the rounds commit exactly ``lengths`` tokens (each in 1..bs)."""
@@ -182,7 +210,7 @@ def test_reference_loop_with_oracle_drafter_stop_and_limit_mid_block(setup, monk
     state, forward = {}, ref.forward
 
     def recording_forward(*args, noise_embedding, position_ids, **kw):
-        state["positions"] = position_ids[0, -noise_embedding.shape[1] + 1:].tolist()
+        state["positions"] = position_ids[0, -noise_embedding.shape[1] + 1 :].tolist()
         return forward(*args, noise_embedding=noise_embedding, position_ids=position_ids, **kw)
 
     def oracle_logits(hidden, head):
@@ -211,11 +239,18 @@ def test_reference_loop_with_oracle_drafter_stop_and_limit_mid_block(setup, monk
         dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params([p], [g], [errs]), OracleDraft(96, bs)))
         ours = dec.generate([p], n_new, stop_token_ids=stop)[0]
         state.update(seq=p + g, errs=errs)
-        out = dflash_generate(ref, hf, torch.tensor([p]), max_new_tokens=n_new, stop_token_ids=stop or None,
-                              block_size=bs, return_stats=True)
+        out = dflash_generate(
+            ref,
+            hf,
+            torch.tensor([p]),
+            max_new_tokens=n_new,
+            stop_token_ids=stop or None,
+            block_size=bs,
+            return_stats=True,
+        )
         assert out.acceptance_lengths == want
         assert ours.acceptance_lengths == want
-        assert ours.token_ids == out.output_ids[0, len(p):].tolist()
+        assert ours.token_ids == out.output_ids[0, len(p) :].tolist()
         assert want[-1] < free[len(want) - 1]  # the last round was cut short...
         if stop:  # ...by the stop token
             assert ours.token_ids[-1] == stop[0] and stop[0] not in ours.token_ids[:-1]
@@ -260,19 +295,42 @@ def test_drafter_checkpoint_round_trip_through_the_cli(setup, tmp_path, capsys):
 
     _, ck, dcfg, dparams, _, _ = setup
     export_released(dparams, dcfg, tmp_path / "rel")
-    main(["import-drafter", "--drafter", str(tmp_path / "rel"), "--out", str(tmp_path / "ours"),
-          "--target", str(ck.path)])
+    main(
+        [
+            "import-drafter",
+            "--drafter",
+            str(tmp_path / "rel"),
+            "--out",
+            str(tmp_path / "ours"),
+            "--target",
+            str(ck.path),
+        ]
+    )
     meta = json.loads((tmp_path / "ours" / "dflash_jax.json").read_text())
     assert meta["format"] == "dflash-jax-drafter" and meta["target_identity"] == ck.identity
-    main(["export-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "back"),
-          "--dtype", "float32"])
-    a, b = load_file(str(tmp_path / "rel" / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
+    main(["export-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "back"), "--dtype", "float32"])
+    a, b = (
+        load_file(str(tmp_path / "rel" / "model.safetensors")),
+        load_file(str(tmp_path / "back" / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
     outs = []
     for d in ("rel", "ours", "back"):
-        main(["generate", "--target", str(ck.path), "--drafter", str(tmp_path / d), "--prompt", "t10 t11 t12",
-              "--max-new-tokens", "12", "--json"])
+        main(
+            [
+                "generate",
+                "--target",
+                str(ck.path),
+                "--drafter",
+                str(tmp_path / d),
+                "--prompt",
+                "t10 t11 t12",
+                "--max-new-tokens",
+                "12",
+                "--json",
+            ]
+        )
         rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         outs.append((rec["token_ids"], rec["acceptance_lengths"]))
     assert outs[0] == outs[1] == outs[2]
@@ -282,8 +340,11 @@ def test_drafter_checkpoint_round_trip_through_the_cli(setup, tmp_path, capsys):
     (tmp_path / "ours" / "config.json").write_text(json.dumps(cfg))
     meta["target_identity"] = {"config_sha256": "0" * 64}
     (tmp_path / "ours" / "dflash_jax.json").write_text(json.dumps(meta))
-    for drafter, msg in ((tmp_path / "ours", "another target"), (ck.path, "target checkpoint"),
-                         (tmp_path / "nope", "does not exist")):
+    for drafter, msg in (
+        (tmp_path / "ours", "another target"),
+        (ck.path, "target checkpoint"),
+        (tmp_path / "nope", "does not exist"),
+    ):
         with pytest.raises(SystemExit) as e:
             main(["generate", "--target", str(ck.path), "--drafter", str(drafter), "--prompt", "t10"])
         assert msg in str(e.value)

@@ -52,7 +52,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     cache = init_cache(ck.cfg, 2, 64)
     got, got_feats, start = [], [], 0
     for size in (9, 1, 16, 4, 7):  # blocks of varying size on top of the cache
-        block = tokens[:, start:start + size]
+        block = tokens[:, start : start + size]
         pos = np.broadcast_to(np.arange(start, start + size), block.shape)
         logits, feats, cache = _forward(ck, block, pos, cache, taps=(1,))
         got.append(logits)
@@ -73,7 +73,7 @@ def test_padding_changes_no_sequence(tiny_models):
     batch = np.zeros((3, 32), np.int64)
     for i, s in enumerate(seqs):
         batch[i, : len(s)] = s
-        batch[i, len(s):] = rs.randint(0, TINY["vocab_size"], 32 - len(s))  # arbitrary padding
+        batch[i, len(s) :] = rs.randint(0, TINY["vocab_size"], 32 - len(s))  # arbitrary padding
     cache = init_cache(ck.cfg, 3, 64)
     padded, _, _ = _forward(ck, batch, cache=cache)
     for i, s in enumerate(seqs):
@@ -81,17 +81,26 @@ def test_padding_changes_no_sequence(tiny_models):
         assert_close(padded[i, : len(s)], alone[0], TINY_REL)
 
 
-BASE = {"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-        "num_hidden_layers": 1, "num_attention_heads": 2}
+BASE = {
+    "model_type": "qwen2",
+    "vocab_size": 10,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+}
 
 
-@pytest.mark.parametrize("patch, message", [
-    ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-])
+@pytest.mark.parametrize(
+    "patch, message",
+    [
+        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
 def test_unsupported_config_is_a_clear_error(patch, message):
     with pytest.raises(ConfigError, match=message):
         TargetConfig.from_hf({**BASE, **patch})

@@ -41,18 +41,32 @@ def tiny(tmp_path_factory):
     ck = checkpoint.load_target(checkpoint.convert_hf(root / "hf", root / "ck"))
     rs = np.random.RandomState(0)
     prompts = [rs.randint(4, 96, rs.randint(4, 12)).tolist() for _ in range(1024)]
-    seqs, lm = prepare.regenerate(Decoder(ck.params, ck.cfg), prompts, max_new_tokens=64, batch_size=256,
-                               progress=False)
+    seqs, lm = prepare.regenerate(
+        Decoder(ck.params, ck.cfg), prompts, max_new_tokens=64, batch_size=256, progress=False
+    )
     folder = data.write_dataset(root / "data", seqs, lm, meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"]})
     ck.hf = hf  # the same weights in transformers, for the reference loop
     return ck, folder
 
 
 def tiny_overrides(ck, folder, out, *extra):
-    return [f"target={ck.path}", f"data={folder}", f"out_dir={out}", "drafter.num_layers=2",
-            "drafter.target_layer_ids=(1, 2)", "drafter.block_size=8", "train.gamma=4.0", "train.max_len=80",
-            "train.num_anchors=16", "train.anchor_chunk=8", "train.batch_size=16", "train.lr=3e-3", "eval.val_size=32",
-            "eval.decode_prompts=0", *extra]
+    return [
+        f"target={ck.path}",
+        f"data={folder}",
+        f"out_dir={out}",
+        "drafter.num_layers=2",
+        "drafter.target_layer_ids=(1, 2)",
+        "drafter.block_size=8",
+        "train.gamma=4.0",
+        "train.max_len=80",
+        "train.num_anchors=16",
+        "train.anchor_chunk=8",
+        "train.batch_size=16",
+        "train.lr=3e-3",
+        "eval.val_size=32",
+        "eval.decode_prompts=0",
+        *extra,
+    ]
 
 
 def tiny_config(ck, folder, out, *extra):
@@ -60,6 +74,7 @@ def tiny_config(ck, folder, out, *extra):
 
 
 # --- masks ------------------------------------------------------------------------------------
+
 
 def dense_oracle(sliding, window, seq_len, anchors, valid, bs):
     """The SPEC rule written out query by query (independent of dflash_jax.masks)."""
@@ -85,8 +100,9 @@ def test_training_masks_equal_dense_spec_rule(seed):
     valid = rs.rand(a) < 0.7
     valid[0] = True
     anchors = np.where(valid, anchors, 0)
-    got = masks.training_masks(("full_attention", "sliding_attention"), w, t, jnp.asarray(anchors[None]),
-                               jnp.asarray(valid[None]), bs)
+    got = masks.training_masks(
+        ("full_attention", "sliding_attention"), w, t, jnp.asarray(anchors[None]), jnp.asarray(valid[None]), bs
+    )
     for sliding, m in zip((False, True), got):
         np.testing.assert_array_equal(np.asarray(m[0]), dense_oracle(sliding, w, t, anchors, valid, bs))
     assert not np.asarray(got[0][0]).reshape(a, bs, -1)[~valid].any()  # padding blocks see nothing
@@ -114,6 +130,7 @@ def test_anchors_are_sorted_unique_and_supervised():
 
 # --- train / inference consistency ------------------------------------------------------------
 
+
 def _consistency(ck, dparams, dcfg, tokens, anchor_list):
     tcfg = ck.cfg
     t = len(tokens)
@@ -126,8 +143,9 @@ def _consistency(ck, dparams, dcfg, tokens, anchor_list):
     worst = 0.0
     for a, p in enumerate(anchor_list):
         cache = step.write_context(dparams, step.init_cache(1, 128), feats[:, :p], jnp.zeros((1,), jnp.int32))
-        ref = step.logits(dparams, ck.params, cache, toks[:, p], jnp.array([p]), jnp.array([dcfg.block_size]),
-                          dcfg.block_size)
+        ref = step.logits(
+            dparams, ck.params, cache, toks[:, p], jnp.array([p]), jnp.array([dcfg.block_size]), dcfg.block_size
+        )
         # offsets 1..B-1, relative to the logits' scale (SPEC: scale-relative in float32)
         worst = max(worst, float(jnp.max(jnp.abs(ref[0] - train_logits[0, a])) / jnp.max(jnp.abs(ref[0]))))
     return worst
@@ -136,14 +154,21 @@ def _consistency(ck, dparams, dcfg, tokens, anchor_list):
 @pytest.mark.parametrize("layer_types", [("full_attention", "full_attention"), ("full_attention", "sliding_attention")])
 def test_training_forward_equals_decoder_drafter_random(tiny, layer_types):
     ck, folder = tiny
-    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=8, mask_token_id=3, layer_types=layer_types,
-                                    sliding_window=5 if "sliding_attention" in layer_types else None)
+    dcfg = DrafterConfig.for_target(
+        ck.cfg,
+        num_layers=2,
+        block_size=8,
+        mask_token_id=3,
+        layer_types=layer_types,
+        sliding_window=5 if "sliding_attention" in layer_types else None,
+    )
     tokens, _ = data.TokenDataset(folder)[0]
     worst = _consistency(ck, init_drafter_params(dcfg, seed=1), dcfg, tokens.tolist(), [3, 9, 10, 30])
     assert worst < TINY_REL, worst
 
 
 # --- a real training run: learns, decodes with tau > 2, equals the reference ------------------
+
 
 @pytest.fixture(scope="module")
 def trained(tiny, tmp_path_factory):
@@ -217,7 +242,7 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
     for p, r in zip(prompts, results):
         o = dflash_generate(ref, ck.hf, torch.tensor([p]), max_new_tokens=48, stop_token_ids=None, return_stats=True)
         assert r.acceptance_lengths == o.acceptance_lengths
-        assert r.token_ids == o.output_ids[0, len(p):].tolist()
+        assert r.token_ids == o.output_ids[0, len(p) :].tolist()
 
     # with real multi-token rounds: a stop token and the length limit that cut a round short
     cut = {"stop": 0, "limit": 0}
@@ -230,10 +255,11 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
             cases.append(([], int(ends[long[0]]) + 1 + r.acceptance_lengths[long[0]] // 2, "limit"))
         for stop, n_new, kind in cases:
             ours = dec.generate([p], n_new, stop)[0]
-            o = dflash_generate(ref, ck.hf, torch.tensor([p]), max_new_tokens=n_new, stop_token_ids=stop or None,
-                                return_stats=True)
+            o = dflash_generate(
+                ref, ck.hf, torch.tensor([p]), max_new_tokens=n_new, stop_token_ids=stop or None, return_stats=True
+            )
             assert ours.acceptance_lengths == o.acceptance_lengths
-            assert ours.token_ids == o.output_ids[0, len(p):].tolist()
+            assert ours.token_ids == o.output_ids[0, len(p) :].tolist()
             k = len(ours.acceptance_lengths) - 1
             cut[kind] += ours.acceptance_lengths[k] < r.acceptance_lengths[k]  # the last round was cut short
     assert cut["stop"] >= 1 and cut["limit"] >= 1, cut
@@ -242,8 +268,11 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
 def test_plot_metrics(trained, tmp_path):
     _, _, out, _, _ = trained
     png = tmp_path / "m.png"
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl"),
-                        "--out", str(png)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl"), "--out", str(png)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -254,13 +283,26 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     from dflash_jax.drafter_io import load_drafter
 
     _, _, out, trainer, _ = trained
-    ship = [sys.executable, str(ROOT / "launch" / "ship_drafter.py"), str(out), "--out", str(tmp_path / "a"),
-            "--command", "TRAIN-COMMAND"]
+    ship = [
+        sys.executable,
+        str(ROOT / "launch" / "ship_drafter.py"),
+        str(out),
+        "--out",
+        str(tmp_path / "a"),
+        "--command",
+        "TRAIN-COMMAND",
+    ]
     r = subprocess.run(ship + ["--earlier-stage", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     a = tmp_path / "a"
-    assert {p.name for p in a.iterdir()} >= {"config.json", "model.safetensors", "train_config.json",
-                                              "training_summary.json", "loss.png", "README.md"}
+    assert {p.name for p in a.iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "train_config.json",
+        "training_summary.json",
+        "loss.png",
+        "README.md",
+    }
     info = json.loads((a / "training_summary.json").read_text())
     assert info["steps"] == 500 and info["total_steps"] == 1000 and info["earlier_stages"][0]["steps"] == 500
     readme = (a / "README.md").read_text()
@@ -270,12 +312,14 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert cfg.to_released() == trainer.dcfg.to_released()
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(best)):  # bfloat16 copies of the best drafter
         np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=1e-2, atol=1e-2)
-    r = subprocess.run(ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True, text=True
+    )
     assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
 
 
 # --- length buckets ----------------------------------------------------------------------------
+
 
 def test_bucketed_batches_regroup_the_same_rows_and_pad_to_the_smallest_bucket(tiny):
     _, folder = tiny
@@ -324,8 +368,7 @@ def test_bucketed_batches_regroup_the_same_rows_and_pad_to_the_smallest_bucket(t
 
 def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_path):
     ck, folder = tiny
-    c = tiny_config(ck, folder, tmp_path / "run", "train.steps=12", "train.length_buckets=(70, 73)",
-                    "eval.every=1000")
+    c = tiny_config(ck, folder, tmp_path / "run", "train.steps=12", "train.length_buckets=(70, 73)", "eval.every=1000")
     tr = Trainer(c, log=lambda *a: None)
     shapes = {tr.global_batch(s)["tokens"].shape[-1] for s in range(12)}
     assert shapes <= {70, 73, 80} and len(shapes) >= 2
@@ -333,8 +376,12 @@ def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_p
     losses = [r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())]
     assert len(losses) == 12 and all(np.isfinite(losses)) and np.mean(losses[-4:]) < np.mean(losses[:4])
     assert tr.identity["train"]["length_buckets"] == [70, 73, 80] and tr.identity["bucket_window"] == 16
-    same = Trainer(tiny_config(ck, folder, tmp_path / "same", "train.steps=12", "train.length_buckets=(70, 73, 80)",
-                               "eval.every=1000"), log=lambda *a: None)
+    same = Trainer(
+        tiny_config(
+            ck, folder, tmp_path / "same", "train.steps=12", "train.length_buckets=(70, 73, 80)", "eval.every=1000"
+        ),
+        log=lambda *a: None,
+    )
     assert same.run_id == tr.run_id  # max_len is always the last bucket: both spellings are one run
     plain = Trainer(tiny_config(ck, folder, tmp_path / "plain", "train.steps=12"), log=lambda *a: None)
     assert "length_buckets" not in plain.identity["train"]  # at the default, older runs keep their identity
@@ -344,24 +391,47 @@ def test_training_with_length_buckets_compiles_per_bucket_and_learns(tiny, tmp_p
 
 # --- exact resume after SIGKILL ---------------------------------------------------------------
 
+
 def _train_cmd(ck, folder, out, steps=40):
-    return [sys.executable, "-m", "dflash_jax.cli", "train", "--config", CONFIG, f"target={ck.path}",
-            f"data={folder}", f"out_dir={out}", "drafter.num_layers=1", "drafter.block_size=8",
-            "train.max_len=80", "train.num_anchors=16", "train.anchor_chunk=8", "train.batch_size=8",
-            "train.grad_accum=2", f"train.steps={steps}", "ckpt.every=10", "eval.every=1000", "eval.val_size=8",
-            "eval.decode_prompts=0"]
+    return [
+        sys.executable,
+        "-m",
+        "dflash_jax.cli",
+        "train",
+        "--config",
+        CONFIG,
+        f"target={ck.path}",
+        f"data={folder}",
+        f"out_dir={out}",
+        "drafter.num_layers=1",
+        "drafter.block_size=8",
+        "train.max_len=80",
+        "train.num_anchors=16",
+        "train.anchor_chunk=8",
+        "train.batch_size=8",
+        "train.grad_accum=2",
+        f"train.steps={steps}",
+        "ckpt.every=10",
+        "eval.every=1000",
+        "eval.val_size=8",
+        "eval.decode_prompts=0",
+    ]
 
 
 def _losses(out):
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    return [
+        (r["step"], r["loss"], r["grad_norm"])
+        for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    ]
 
 
 def test_resume_after_sigkill_is_bitwise_identical(tiny, tmp_path):
     ck, folder = tiny
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(_train_cmd(ck, folder, tmp_path / "a"), check=True, capture_output=True, env=env)
-    proc = subprocess.Popen(_train_cmd(ck, folder, tmp_path / "b"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        _train_cmd(ck, folder, tmp_path / "b"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     log = tmp_path / "b" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -379,6 +449,7 @@ def test_resume_after_sigkill_is_bitwise_identical(tiny, tmp_path):
 
 
 # --- bad input --------------------------------------------------------------------------------
+
 
 def test_bad_data_is_a_clear_error(tiny, tmp_path):
     ck, folder = tiny
@@ -422,9 +493,15 @@ def test_bad_config_and_foreign_checkpoint_are_clear_errors(tiny, tmp_path):
         tiny_config(ck, folder, out, "train.stepz=3")
     with pytest.raises(ConfigError, match="expected int"):
         tiny_config(ck, folder, out, "train.steps=abc")
-    for bad, msg in (("train.gamma=0", "train.gamma"), ("train.num_anchors=0", "train.num_anchors"),
-                     ("train.compute_dtype=bf16", "compute_dtype"), ("drafter.mask_token_id=1.5", "mask_token_id"),
-                     ("eval.every=0", "eval.every"), ("train.lr.x=1", "unknown config key"), ("target=None", "target")):
+    for bad, msg in (
+        ("train.gamma=0", "train.gamma"),
+        ("train.num_anchors=0", "train.num_anchors"),
+        ("train.compute_dtype=bf16", "compute_dtype"),
+        ("drafter.mask_token_id=1.5", "mask_token_id"),
+        ("eval.every=0", "eval.every"),
+        ("train.lr.x=1", "unknown config key"),
+        ("target=None", "target"),
+    ):
         with pytest.raises(ConfigError, match=msg):
             tiny_config(ck, folder, out, bad)
     broken = tmp_path / "broken.py"
@@ -453,19 +530,50 @@ def test_short_training_run_on_smollm2(tmp_path, capsys):
     from dflash_jax.cli import main
 
     out = tmp_path / "run"
-    main(["train", "--config", CONFIG, f"data={ROOT / 'tests' / 'fixtures' / 'smollm2_96'}", f"out_dir={out}",
-          "train.steps=6", "train.batch_size=2", "train.max_len=256", "train.num_anchors=32", "eval.every=6",
-          "eval.val_size=8", "eval.decode_prompts=1", "eval.decode_max_new_tokens=8", "ckpt.every=3"])
+    main(
+        [
+            "train",
+            "--config",
+            CONFIG,
+            f"data={ROOT / 'tests' / 'fixtures' / 'smollm2_96'}",
+            f"out_dir={out}",
+            "train.steps=6",
+            "train.batch_size=2",
+            "train.max_len=256",
+            "train.num_anchors=32",
+            "eval.every=6",
+            "eval.val_size=8",
+            "eval.decode_prompts=1",
+            "eval.decode_max_new_tokens=8",
+            "ckpt.every=3",
+        ]
+    )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7)) and "val_decode_tau" in rows[-1]
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert sorted(p.name for p in (out / "ckpt").iterdir() if p.name.isdigit()) == ["3", "6"]
-    r = subprocess.run([sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and (out / "metrics.png").stat().st_size > 20_000
     capsys.readouterr()
-    main(["generate", "--drafter", str(out / "drafter"), "--prompt", "What is 2 + 3?", "--chat",
-          "--max-new-tokens", "8", "--block-size", "8", "--json"])
+    main(
+        [
+            "generate",
+            "--drafter",
+            str(out / "drafter"),
+            "--prompt",
+            "What is 2 + 3?",
+            "--chat",
+            "--max-new-tokens",
+            "8",
+            "--block-size",
+            "8",
+            "--json",
+        ]
+    )
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["num_output_tokens"] == 8 and sum(rec["acceptance_lengths"]) == 7
 
@@ -490,9 +598,20 @@ def test_loss_is_normalised_over_the_whole_global_batch(tiny):
     keys = jax.random.split(rng, 2)
 
     def global_loss(p):
-        sums = [loss.block_loss(p, ck.params, batch["tokens"][i], batch["loss_mask"][i],
-                                loss.sample_anchors(keys[i], batch["loss_mask"][i], 16), tcfg=ck.cfg, cfg=dcfg,
-                                gamma=4.0, anchor_chunk=8) for i in range(2)]
+        sums = [
+            loss.block_loss(
+                p,
+                ck.params,
+                batch["tokens"][i],
+                batch["loss_mask"][i],
+                loss.sample_anchors(keys[i], batch["loss_mask"][i], 16),
+                tcfg=ck.cfg,
+                cfg=dcfg,
+                gamma=4.0,
+                anchor_chunk=8,
+            )
+            for i in range(2)
+        ]
         return (sums[0].loss + sums[1].loss) / (sums[0].weight + sums[1].weight)
 
     grads = jax.grad(global_loss)(params)
@@ -502,8 +621,18 @@ def test_loss_is_normalised_over_the_whole_global_batch(tiny):
 
 def test_bfloat16_compute_trains(tiny, tmp_path):
     ck, folder = tiny
-    trainer = Trainer(tiny_config(ck, folder, tmp_path / "bf16", "train.compute_dtype='bfloat16'", "train.steps=3",
-                                  "eval.every=100", "ckpt.every=100"), log=lambda *_: None)
+    trainer = Trainer(
+        tiny_config(
+            ck,
+            folder,
+            tmp_path / "bf16",
+            "train.compute_dtype='bfloat16'",
+            "train.steps=3",
+            "eval.every=100",
+            "ckpt.every=100",
+        ),
+        log=lambda *_: None,
+    )
     last = trainer.run()
     assert np.isfinite(last["loss"]) and jax.tree.leaves(trainer.params)[0].dtype == jnp.float32
 
@@ -518,16 +647,27 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
     (part / "shard_00000").parent.mkdir(parents=True)
     shutil.copytree(folder, part / "shard_00000")
     n = data.TokenDataset(folder).meta["num_sequences"]
-    (part / "meta.json").write_text(json.dumps({"format": data.SHARDED_FORMAT, "format_version": 1, "complete": False,
-                                                "shards": ["shard_00000"], "num_sequences": n}))
+    (part / "meta.json").write_text(
+        json.dumps(
+            {
+                "format": data.SHARDED_FORMAT,
+                "format_version": 1,
+                "complete": False,
+                "shards": ["shard_00000"],
+                "num_sequences": n,
+            }
+        )
+    )
     with pytest.raises(data.DataError, match="is incomplete"):
         Trainer(tiny_config(ck, part, tmp_path / "r1"))
     with pytest.raises(data.DataError, match="fewer than the 2"):
         Trainer(tiny_config(ck, part, tmp_path / "r1", "data_shards=2"))
     prefix = Trainer(tiny_config(ck, part, tmp_path / "r1", "data_shards=1"), log=lambda *_: None)
     assert len(prefix.ds) == n and prefix.identity["data"]["shards"] == ["shard_00000"]
-    trainer = Trainer(tiny_config(ck, folder, tmp_path / "r2", "eval.val_size=3", "train.steps=2", "eval.every=2"),
-                      log=lambda *_: None)
+    trainer = Trainer(
+        tiny_config(ck, folder, tmp_path / "r2", "eval.val_size=3", "train.steps=2", "eval.every=2"),
+        log=lambda *_: None,
+    )
     last = trainer.run()
     assert np.isfinite(last["val_loss"]) and (tmp_path / "r2" / "best" / "dflash_jax.json").exists()
 
@@ -543,8 +683,17 @@ def test_val_within_shards_keeps_an_earlier_stages_held_out_answers(tiny, tmp_pa
     for name in ("shard_00000", "shard_00001"):
         shutil.copytree(folder, two / name)
     n = data.TokenDataset(folder).meta["num_sequences"]
-    (two / "meta.json").write_text(json.dumps({"format": data.SHARDED_FORMAT, "format_version": 1, "complete": True,
-                                               "shards": ["shard_00000", "shard_00001"], "num_sequences": 2 * n}))
+    (two / "meta.json").write_text(
+        json.dumps(
+            {
+                "format": data.SHARDED_FORMAT,
+                "format_version": 1,
+                "complete": True,
+                "shards": ["shard_00000", "shard_00001"],
+                "num_sequences": 2 * n,
+            }
+        )
+    )
     quiet = dict(log=lambda *_: None)
     first = Trainer(tiny_config(ck, two, tmp_path / "a", "data_shards=1"), **quiet)
     later = Trainer(tiny_config(ck, two, tmp_path / "b", "eval.val_within_shards=1"), **quiet)
@@ -618,7 +767,9 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert t.identity["init_from"] == str(start.resolve())
     with pytest.raises(ConfigError, match="init_from .*differs from this config's in .*block_size"):
-        Trainer(tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None)
+        Trainer(
+            tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None
+        )
 
 
 def small_block_problem(ck, seed: int):
@@ -628,7 +779,13 @@ def small_block_problem(ck, seed: int):
     rs = np.random.RandomState(seed)
     tokens = jnp.asarray(rs.randint(4, ck.cfg.vocab_size, (2, 40)), jnp.int32)
     mask = jnp.asarray(np.arange(40) >= 6)[None].repeat(2, 0)
-    return dcfg, init_drafter_params(dcfg, seed=seed), tokens, mask, loss.sample_anchors(jax.random.PRNGKey(seed), mask, 8)
+    return (
+        dcfg,
+        init_drafter_params(dcfg, seed=seed),
+        tokens,
+        mask,
+        loss.sample_anchors(jax.random.PRNGKey(seed), mask, 8),
+    )
 
 
 def test_loss_offsets_supervise_only_the_first_offsets(tiny):
@@ -638,10 +795,12 @@ def test_loss_offsets_supervise_only_the_first_offsets(tiny):
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     full = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
     part = loss.block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
-    _, feats, _ = Target(ck.cfg).apply({"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None,
-                                       dcfg.target_layer_ids)
-    logits = loss.block_logits(dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors,
-                               tcfg=ck.cfg, cfg=dcfg)  # offsets 1..7
+    _, feats, _ = Target(ck.cfg).apply(
+        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
+    )
+    logits = loss.block_logits(
+        dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
+    )  # offsets 1..7
     labels, use = loss.block_labels(tokens, mask, anchors, 8)
     ce = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, labels[..., 1:, None], -1)[..., 0]
     w = loss.offset_weights(8, 4.0, 3)[1:]
@@ -661,14 +820,32 @@ def test_remat_off_gives_the_same_loss_and_gradients(tiny):
 
     def run(remat):
         def f(p):
-            s = loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0,
-                                anchor_chunk=4, loss_offsets=5, remat=remat)
+            s = loss.block_loss(
+                p,
+                ck.params,
+                tokens,
+                mask,
+                anchors,
+                tcfg=ck.cfg,
+                cfg=dcfg,
+                gamma=4.0,
+                anchor_chunk=4,
+                loss_offsets=5,
+                remat=remat,
+            )
             return s.loss, s
+
         return jax.value_and_grad(f, has_aux=True)(dparams)
 
     def traced(remat):  # the option must reach the lowered program: one checkpoint region or none
-        return str(jax.make_jaxpr(lambda p: loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg,
-                                                            gamma=4.0, anchor_chunk=4, remat=remat))(dparams))
+        return str(
+            jax.make_jaxpr(
+                lambda p: loss.block_loss(
+                    p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4, remat=remat
+                )
+            )(dparams)
+        )
+
     assert "remat" in traced(True) and "remat" not in traced(False)  # jax.checkpoint lowers to remat
     (l1, s1), g1 = run(True)
     (l0, s0), g0 = run(False)
@@ -689,8 +866,15 @@ def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
     extra = ("train.steps=3", "eval.every=3", "train.grad_accum=2", "train.batch_size=8")
     with pytest.raises(data.DataError, match="prepare-features --config"):
         Trainer(tiny_config(ck, folder, tmp_path / "none", *extra, "train.stored_features=True"), log=lambda *a: None)
-    cmd = [sys.executable, "-m", "dflash_jax.cli", "prepare-features", "--config", CONFIG,
-           *tiny_overrides(ck, folder, tmp_path / "unused")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_jax.cli",
+        "prepare-features",
+        "--config",
+        CONFIG,
+        *tiny_overrides(ck, folder, tmp_path / "unused"),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     ds = data.TokenDataset(folder)
@@ -698,8 +882,9 @@ def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
     store = data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
     for i in (0, 77, len(ds) - 1):
         tok, _ = ds[i]
-        _, want, _ = Target(ck.cfg).apply({"params": ck.params}, jnp.asarray(tok)[None], jnp.arange(len(tok))[None],
-                                          None, (1, 2))
+        _, want, _ = Target(ck.cfg).apply(
+            {"params": ck.params}, jnp.asarray(tok)[None], jnp.arange(len(tok))[None], None, (1, 2)
+        )
         assert_close(store[i], want[0], TINY_REL)
 
     base = Trainer(tiny_config(ck, folder, tmp_path / "a", *extra), log=lambda *a: None)
