@@ -45,7 +45,7 @@ def run(
     prompts: Sequence[EvalPrompt],
     tok,
     plain,
-    speculative: dict[int, object],
+    speculative: dict[int | str, object],
     *,
     max_new_tokens: int,
     stop_ids: Sequence[int],
@@ -60,7 +60,9 @@ def run(
     Args:
       prompts: benchmark items.
       tok: the target's tokenizer (chat template).
-      plain: a ``Decoder`` without drafter; ``speculative``: block size -> ``Decoder`` with the drafter.
+      plain: a ``Decoder`` without drafter; ``speculative``: arm -> ``Decoder``; an arm is a block size
+        (the DFlash drafter at that block, recorded as ``b{B}``) or a name (any other decoder:
+        ``ngram``, ``default``, ...), recorded under that name.
       max_new_tokens: per turn.
       records: JSONL file the per-turn records are appended to (created; a header line holds
         ``settings``); records already there are kept and their turns skipped.
@@ -71,10 +73,10 @@ def run(
       progress: called with the number of turns finished after each batch (a progress bar).
 
     Returns:
-      every record (old and new), one per (dataset, id, turn): ``plain`` and ``b{B}`` timings
-      (``tokens``, ``decode_s``, ``prefill_s``, ``compile_s``), ``acceptance_lengths`` and
-      ``identical`` (same tokens as plain) per block size, ``loops``, ``prompt_tokens``,
-      ``output_ids`` (plain).
+      every record (old and new), one per (dataset, id, turn): ``plain`` and per-arm timings
+      (``tokens``, ``decode_s``, ``prefill_s``, ``compile_s``), ``acceptance_lengths``,
+      ``block_size`` and ``identical`` (same tokens as plain) per arm, ``loops``,
+      ``prompt_tokens``, ``output_ids`` (plain).
 
     Raises:
       BenchError: ``records`` was written with other settings.
@@ -110,15 +112,16 @@ def run(
                     }
                     for p, x, r in zip(chunk, ids, base)
                 ]
-                for bs, dec in speculative.items():
+                for arm, dec in speculative.items():
                     for rec, r, b in zip(new, dec.generate(ids, max_new_tokens, stop_ids, seeds), base):
-                        rec[f"b{bs}"] = {
+                        rec[arm_key(arm)] = {
                             **_timing(r),
                             "acceptance_lengths": r.acceptance_lengths,
+                            "block_size": dec.block_size,
                             "identical": r.token_ids == b.token_ids,
                         }
                 for rec in new:
-                    for key in ["plain"] + [f"b{bs}" for bs in speculative]:
+                    for key in ["plain"] + [arm_key(arm) for arm in speculative]:
                         # decode and compile time: each row's share of the batch (throughput); the
                         # prefill stays whole, since every row waits for all of it (time to first token)
                         rec[key]["decode_s"] /= len(chunk)
@@ -201,16 +204,23 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
     return recs
 
 
-def summarise(records: Sequence[dict], block_size: int) -> dict:
-    """Aggregate figures of ``records`` at one block size (see the module docstring).
+def arm_key(arm: int | str) -> str:
+    """The record key of an arm: ``b{B}`` for a block size of the DFlash drafter, else the arm's name."""
+    return f"b{arm}" if isinstance(arm, int) else str(arm)
+
+
+def summarise(records: Sequence[dict], arm: int | str) -> dict:
+    """Aggregate figures of ``records`` for one arm (a DFlash block size or an arm name; see the
+    module docstring).
 
     Decode tokens/s counts the tokens after the first (which comes from the prefill) over
     the decode time, summed over records; ``speedup`` = speculative / plain tokens/s.
     """
-    k = f"b{block_size}"
+    k = arm_key(arm)
     recs = [r for r in records if k in r]
     if not recs:
         return {"prompts": 0}
+    block_size = int(recs[0][k].get("block_size", arm if isinstance(arm, int) else 0))
     acc = [a for r in recs for a in r[k]["acceptance_lengths"]]
     per_prompt = [float(np.mean(r[k]["acceptance_lengths"])) for r in recs if r[k]["acceptance_lengths"]]
     hist = np.bincount(np.asarray(acc, int), minlength=block_size + 1)[1 : block_size + 1]
@@ -241,9 +251,10 @@ def summarise(records: Sequence[dict], block_size: int) -> dict:
     }
 
 
-def report(records: Sequence[dict], block_sizes: Sequence[int], datasets: Sequence[str]) -> dict:
-    """Per dataset (and all together) and per block size: ``summarise`` of all prompts and of
-    the loop-free ones. Top level: ``tau`` and ``speedup`` of all prompts at the first block size."""
+def report(records: Sequence[dict], block_sizes: Sequence[int | str], datasets: Sequence[str]) -> dict:
+    """Per dataset (and all together) and per arm (``block_sizes``: DFlash block sizes and arm
+    names): ``summarise`` of all prompts and of the loop-free ones. Top level: ``tau`` and
+    ``speedup`` of all prompts for the first arm."""
     groups = {d: [r for r in records if r["dataset"] == d] for d in datasets}
     if len(datasets) > 1:
         groups["all"] = list(records)
@@ -259,9 +270,9 @@ def report(records: Sequence[dict], block_sizes: Sequence[int], datasets: Sequen
 
 
 def markdown(rep: dict) -> str:
-    """The report as a Markdown table (one row per dataset and block size)."""
+    """The report as a Markdown table (one row per dataset and arm; a number is the DFlash block size)."""
     lines = [
-        "| dataset | block | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
+        "| dataset | arm | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
         "TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -308,7 +319,7 @@ def plot(rep: dict, out_prefix: Path) -> list[Path]:
                     ax.plot(np.arange(1, len(r) + 1), r, marker="o", label=d)
                     ax.set_xlabel("draft offset k")
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-            ax.set_title(f"block size {b}")
+            ax.set_title(f"DFlash, block size {b}" if b.isdigit() else f"{b}")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)

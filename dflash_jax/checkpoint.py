@@ -174,11 +174,11 @@ def convert_hf(
       ConfigError: an unsupported architecture or config feature.
     """
     hf_dir, out = Path(hf_dir), Path(out)
-    check_out(out, overwrite, "target")  # before minutes of reading
     if not hf_dir.is_dir():
         raise CheckpointError(f"{hf_dir} is not a folder; --hf takes a Hugging Face checkpoint folder")
     if out.resolve() == hf_dir.resolve() or out.resolve() in hf_dir.resolve().parents:
         raise CheckpointError(f"--out {out} would overwrite the source folder {hf_dir}")
+    check_out(out, overwrite, "target")  # before minutes of reading
     hf_config = read_json(hf_dir / "config.json")
     if not isinstance(hf_config, dict):
         raise CheckpointError(f"{hf_dir / 'config.json'} is not a JSON object")

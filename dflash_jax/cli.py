@@ -28,8 +28,10 @@ from dflash_jax.drafter_io import (
     load_drafter,
     resolve_drafter,
     save_drafter,
+    speculation_for,
 )
 from dflash_jax.errors import CheckpointError, DFlashError
+from dflash_jax.ngram import NgramStep
 from dflash_jax.sampling import Sampling
 from dflash_jax.tokens import encode, stop_ids
 from dflash_jax.train import Trainer
@@ -61,6 +63,50 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+
+
+def _add_speculation(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt-lookup",
+        default="on",
+        choices=["on", "off"],
+        help="with a DFlash drafter: take the prompt-lookup (n-gram) continuation where the last tokens occurred "
+        "before, the drafter elsewhere (on; --drafter ngram is prompt lookup alone)",
+    )
+    p.add_argument("--ngram-max", type=int, default=4, help="longest suffix prompt lookup matches")
+    p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix prompt lookup matches")
+    p.add_argument(
+        "--verify-lengths",
+        default="auto",
+        help="block lengths the target may verify per round, the loop picking the one that pays most: 'auto' "
+        "(on a CPU 1, 2, 4, 8, 16 up to the block size; elsewhere the block), 'full' (the block: the plain "
+        "DFlash loop), or numbers such as 1,4,16",
+    )
+
+
+def _verify_lengths(args):
+    if args.verify_lengths in ("auto", "full"):
+        return None if args.verify_lengths == "full" else "auto"
+    try:
+        return [int(x) for x in args.verify_lengths.split(",")]
+    except ValueError:
+        sys.exit(f"error: --verify-lengths takes auto, full or numbers such as 1,4,16; got {args.verify_lengths!r}")
+
+
+def _speculation(args, ck, tok, spec=None):
+    """The drafter ``Decoder`` takes for ``--drafter`` (or ``spec``) / ``--prompt-lookup`` / ``--ngram-*``."""
+    try:
+        return speculation_for(
+            spec or args.drafter,
+            ck,
+            tok,
+            prompt_lookup=args.prompt_lookup == "on",
+            ngram_max=args.ngram_max,
+            ngram_min=args.ngram_min,
+            seed=getattr(args, "seed", 0),
+        )
+    except ValueError as e:
+        sys.exit(f"error: {e}")
 
 
 def _sampling(args):
@@ -103,10 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter",
         default="auto",
         help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
-        "in assets/ for this target, else none), 'random' (freshly initialised, seeded) or "
-        "'none' (plain autoregressive decoding = block size 1)",
+        "in assets/ for this target, else prompt lookup), 'ngram' (prompt lookup alone), 'random' "
+        "(freshly initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)",
     )
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
+    _add_speculation(g)
     g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
     _add_sampling(g)
     g.add_argument("--stream", action="store_true", help="print the text as rounds commit (batch size 1)")
@@ -247,6 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_speculation(b)
+    b.add_argument(
+        "--ngram-arm",
+        default="on",
+        choices=["on", "off"],
+        help="also measure prompt lookup alone (the training-free baseline) at the largest block size",
+    )
+    b.add_argument(
+        "--default-arm",
+        default="on",
+        choices=["on", "off"],
+        help="also measure the default settings (generate's: the drafter with --prompt-lookup and --verify-lengths)",
+    )
 
     d = sub.add_parser(
         "demo",
@@ -297,7 +357,7 @@ def cmd_generate(args) -> None:
         sys.exit(
             "error: --stream prints the text as it is decoded and --json one object per prompt at its end; choose one"
         )
-    sampling = _sampling(args)  # every argument is checked before the model loads
+    sampling, verify_lengths = _sampling(args), _verify_lengths(args)  # checked before the model loads
     items = (
         [prompts.Prompt(args.prompt, "--prompt")]
         if args.prompt is not None
@@ -309,15 +369,21 @@ def cmd_generate(args) -> None:
         dec = Decoder(
             ck.params,
             ck.cfg,
-            drafter=drafter_for(args.drafter, ck, tok, args.seed),
+            drafter=_speculation(args, ck, tok),
             block_size=args.block_size,
             sampling=sampling,
+            verify_lengths=verify_lengths,
         )
     except ValueError as e:
         sys.exit(f"error: {e}")
+    kind = type(dec.drafter).__name__
     log(
         f"drafter: {resolve_drafter(args.drafter, ck)}"
-        + (f", block size {dec.block_size}" if dec.drafter is not None else " (plain decoding)")
+        + (
+            f" ({kind}), block size {dec.block_size}, verify lengths {dec.verify_lengths or dec.block_size}"
+            if dec.drafter is not None
+            else " (plain decoding)"
+        )
     )
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
@@ -501,16 +567,30 @@ def cmd_bench(args) -> None:
             items = [p for d in datasets for p in prompts.load_eval_prompts(d, None, args.max_samples, args.max_turns)]
     except DFlashError as e:
         sys.exit(f"error: {e}")
-    sampling = _sampling(args)  # every argument is checked before the model loads
+    sampling, verify_lengths = _sampling(args), _verify_lengths(args)  # checked before the model loads
     ck, tok = _load(args)
     drafter_path = resolve_drafter(args.drafter, ck)
     if drafter_path == "none":
         sys.exit(f"error: no drafter shipped for target {args.target}: pass --drafter FOLDER")
     drafter = drafter_for(drafter_path, ck, tok)
     blocks = args.block_size or [drafter[1].block_size]
+    arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
     try:
         plain = Decoder(ck.params, ck.cfg, sampling=sampling)
         spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
+        if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it
+            arms.append("ngram")
+            ngram = NgramStep(args.ngram_max, args.ngram_min, max(blocks))
+            spec["ngram"] = Decoder(ck.params, ck.cfg, drafter=ngram, sampling=sampling)
+        if args.default_arm == "on":  # what generate does with these flags
+            arms.append("default")
+            spec["default"] = Decoder(
+                ck.params,
+                ck.cfg,
+                drafter=_speculation(args, ck, tok, drafter_path),
+                sampling=sampling,
+                verify_lengths=verify_lengths,
+            )
     except ValueError as e:
         sys.exit(f"error: {e}")
     settings = {
@@ -518,6 +598,19 @@ def cmd_bench(args) -> None:
         "drafter": str(Path(drafter_path).resolve()),
         "drafter_sha256": bench.drafter_fingerprint(*drafter),
         "block_sizes": blocks,
+        **({"arms": [str(a) for a in arms]} if arms != list(blocks) else {}),
+        **(
+            {
+                "default": {
+                    "prompt_lookup": args.prompt_lookup,
+                    "verify_lengths": args.verify_lengths,
+                    "code": "speculation_for v1",
+                }
+            }
+            if "default" in arms
+            else {}
+        ),
+        **({"ngram": [args.ngram_max, args.ngram_min]} if "ngram" in arms or "default" in arms else {}),
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
         "dtype": args.dtype,
@@ -530,8 +623,8 @@ def cmd_bench(args) -> None:
     records_path = out.with_suffix(".records.jsonl")
     turns = sum(len(p.turns) for p in items)
     log(
-        f"{len(items)} prompts ({turns} turns) from {', '.join(datasets)}; plain and block sizes {blocks}; "
-        f"records in {records_path}"
+        f"{len(items)} prompts ({turns} turns) from {', '.join(datasets)}; plain and arms {arms} (a number: "
+        f"the DFlash drafter at that block size); records in {records_path}"
     )
     with tqdm(total=turns, desc="bench", unit="turn", disable=args.no_progress) as bar:
         try:
@@ -552,7 +645,7 @@ def cmd_bench(args) -> None:
             sys.exit(f"error: {e} (measured turns are kept in {records_path})")
         except KeyboardInterrupt:
             sys.exit(f"\ninterrupted: measured turns are kept in {records_path}; run the same command to resume")
-    rep = bench.report(records, blocks, datasets)
+    rep = bench.report(records, arms, datasets)
     files = bench.write_outputs(rep, records, settings, out)
     print(bench.markdown(rep))
     log("wrote " + ", ".join(map(str, files)))
@@ -562,20 +655,18 @@ def cmd_demo(args) -> None:
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
     shipped = resolve_drafter("auto", ck)
+    defaults = speculation_for("auto", ck, tok)  # what generate does without flags
+    runs = [("plain (block 1)", None, None, None)]
     if shipped != "none":
         drafter = drafter_for(shipped, ck, tok)
-        label = f"DFlash, shipped drafter ({Path(shipped).name})"
-        runs = [("plain (block 1)", None, None)] + [
-            (f"{label}, block {b}", drafter, b) for b in (8, 16) if b <= drafter[1].block_size
-        ]
-    else:
-        runs = [
-            ("plain (block 1)", None, None),
-            ("DFlash, random drafter (block 16)", drafter_for("random", ck, tok), 16),
-        ]
+        runs.append((f"DFlash alone ({Path(shipped).name}), block 16", drafter, 16, None))
+    runs += [
+        ("prompt lookup alone, block 16", NgramStep(), 16, None),
+        ("the defaults (DFlash + prompt lookup, verify lengths auto)", defaults, None, "auto"),
+    ]
     rows = []
-    for name, drafter, block in runs:
-        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
+    for name, drafter, block, lengths in runs:
+        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block, verify_lengths=lengths)
         dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
         rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
     plain = rows[0][1]
@@ -593,13 +684,10 @@ def cmd_demo(args) -> None:
         )
     same = all(r.token_ids == plain.token_ids for _, r in rows)
     print(f"speculative output identical to plain: {same}")
-    if shipped == "none":
-        print("(no drafter shipped for this target: an untrained drafter accepts almost nothing, tau ~1)")
-    else:
-        print(
-            "speculative decoding is faster only when tau exceeds a round's cost in plain steps (on a 2-core CPU "
-            "about 1.9 / 2.2 / 3.0 at block 4 / 8 / 16; docs/BENCHMARKS.md)"
-        )
+    print(
+        "the defaults verify per round only as many draft tokens as pay for themselves here (a 16-token verify "
+        "costs about 2.5 plain steps on a 2-core CPU); docs/BENCHMARKS.md has the measured tables"
+    )
 
 
 def main(argv=None) -> None:

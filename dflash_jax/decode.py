@@ -51,6 +51,12 @@ from dflash_jax.target import Target, TargetConfig, init_cache
 Array = jax.Array
 
 
+# A round's cost by verify length on the 2-core CPU this project is developed on, in plain steps
+# (SmolLM2-135M, float32; docs/BENCHMARKS.md "Speculative round cost"): a multi-token verify is
+# compute-bound there. Only the ratios matter (choose_verify_length).
+CPU_ROUND_COSTS = {1: 1.0, 2: 1.2, 4: 1.5, 8: 1.8, 16: 2.5}
+
+
 def bucket(n: int, minimum: int = 16) -> int:
     """Round ``n`` up to a power of two (at least ``minimum``): the shapes we compile for."""
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
@@ -65,6 +71,8 @@ class LoopShape:
     cache_len: int  # S: KV-cache length, >= longest prompt + max_new_tokens + block_size
     block_size: int
     max_rounds: int  # size of the per-round acceptance record
+    verify_lengths: tuple[int, ...] = ()  # compiled verify lengths to choose from per round (() = block_size)
+    verify_costs: tuple[float, ...] = ()  # a round's cost at each of them (any unit), for the choice
 
 
 class LoopState(NamedTuple):
@@ -98,10 +106,30 @@ def _row_keys(key: Array, salt: Array) -> tuple[Array, Array]:
     return k[:, 0], k[:, 1]
 
 
-def _with_count(out) -> tuple[Array, Array | None]:
-    """A draft step's ``draft``/``logits`` output split into the array and its per-row count of real
-    draft tokens (``num_draft`` int32 ``[B]``; ``None`` when the step returns the array alone: all real)."""
-    return out if isinstance(out, tuple) else (out, None)
+def _with_count(out) -> tuple[Array, Array | None, Array | None]:
+    """A draft step's ``draft``/``logits`` output split into the array, its per-row count of real
+    draft tokens (``num_draft`` int32 ``[B]``; ``None``: all real) and its per-offset confidence
+    (float32 ``[B, K]``, the step's estimate that offset ``k``'s token is right; ``None``: unknown)."""
+    if not isinstance(out, tuple):
+        return out, None, None
+    return (*out, None) if len(out) == 2 else out
+
+
+def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, costs) -> Array:
+    """Index into ``lengths`` of the verify length that commits most tokens per unit of cost.
+
+    With ``conf [B, K]`` read as independent per-offset acceptance probabilities, verifying ``L``
+    tokens commits ``1 + sum_{k < L} prod_{j <= k} conf_j`` tokens in expectation (offsets past
+    ``num_valid`` count 0); the batch shares one length, so active rows' expectations are summed
+    and divided by ``costs[i]``, the round's cost at ``lengths[i]``. Lossless whatever it picks:
+    it only decides how many draft tokens the target checks.
+    """
+    k = conf.shape[1]
+    survive = jnp.cumprod(conf, axis=1) * (jnp.arange(1, k + 1) <= num_valid[:, None])
+    cum = jnp.concatenate([jnp.zeros_like(survive[:, :1]), jnp.cumsum(survive, axis=1)], axis=1)  # [B, K + 1]
+    expected = jnp.stack([1.0 + cum[:, length - 1] for length in lengths], axis=1)  # [B, len(lengths)]
+    per_cost = jnp.sum(jnp.where(active[:, None], expected, 0.0), axis=0) / jnp.asarray(costs, jnp.float32)
+    return jnp.argmax(per_cost).astype(jnp.int32)
 
 
 def sample_draft(key: Array, q: Array) -> Array:
@@ -189,6 +217,23 @@ def decode_loop(
     bs = shape.block_size
     model = Target(cfg)
     offsets = jnp.arange(bs, dtype=jnp.int32)
+    lengths = shape.verify_lengths or (bs,)
+    taps = drafter.tap_layers if drafter is not None else ()
+
+    def verify(length: int, block: Array, start: Array, cache):
+        """The target on the first ``length`` block tokens; outputs padded back to the block
+        (greedy: posterior ``[B, bs]``, -1 past ``length``; sampling: ``p [B, bs, V]``, 0 past it)."""
+        pad = bs - length
+        positions = start[:, None] + offsets[:length]
+        hidden, feats, cache = model.apply({"params": target_params}, block[:, :length], positions, cache, taps)
+        logits = model.apply({"params": target_params}, hidden, method="logits")
+        if sampling.greedy:
+            out = jnp.pad(jnp.argmax(logits, -1).astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
+        else:
+            out = jnp.pad(probs(logits, sampling), ((0, 0), (0, pad), (0, 0)))
+        if feats is not None and pad:
+            feats = jnp.pad(feats, ((0, 0), (0, pad), (0, 0)))
+        return out, feats, cache
 
     def round_(s: LoopState) -> LoopState:
         active = ~s.done
@@ -196,36 +241,36 @@ def decode_loop(
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
         dcache = s.drafter_cache
         k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
-        q, num_valid = None, verify_size - 1  # draft offsets 1 .. num_valid can be accepted
+        q, conf, num_valid = None, None, verify_size - 1  # draft offsets 1 .. num_valid can be accepted
         if drafter is not None:
             args = (drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
             if sampling.greedy:
-                draft, num_draft = _with_count(drafter.draft(*args, tokens=s.tokens))
+                draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
             else:
-                draft_logits, num_draft = _with_count(drafter.logits(*args, tokens=s.tokens))
+                draft_logits, num_draft, conf = _with_count(drafter.logits(*args, tokens=s.tokens))
                 q = probs(draft_logits, sampling)
                 draft = sample_draft(k_draft, q)
+                conf = jnp.max(q, axis=-1) if conf is None else conf
             if num_draft is not None:  # the step drafted fewer real tokens than the block holds
                 num_valid = jnp.minimum(num_valid, num_draft)
             block = block.at[:, 1:].set(draft)
-        positions = s.start[:, None] + offsets
-        hidden, feats, tcache = model.apply(
-            {"params": target_params},
-            block,
-            positions,
-            s.target_cache,
-            drafter.tap_layers if drafter is not None else (),
-        )
-        logits = model.apply({"params": target_params}, hidden, method="logits")
+        if len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
+            conf = jnp.ones(block[:, 1:].shape, jnp.float32) if conf is None else conf
+            choice = choose_verify_length(conf, num_valid, active, lengths, shape.verify_costs)
+            num_valid = jnp.minimum(num_valid, jnp.asarray(lengths, jnp.int32)[choice] - 1)
+            branches = [partial(verify, length) for length in lengths]
+            out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
+        else:
+            out, feats, tcache = verify(lengths[0], block, s.start, s.target_cache)
         if sampling.greedy:
-            posterior = jnp.argmax(logits, -1).astype(jnp.int32)
+            posterior = out
             match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] <= num_valid[:, None])
             a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
             bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
         elif q is None:  # plain sampling
-            a, bonus = jnp.zeros_like(s.start), jax.vmap(sample)(k_accept, probs(logits[:, 0], sampling))[:, None]
+            a, bonus = jnp.zeros_like(s.start), jax.vmap(sample)(k_accept, out[:, 0])[:, None]
         else:
-            a, bonus = accept(k_accept, block[:, 1:], q, probs(logits, sampling), num_valid)
+            a, bonus = accept(k_accept, block[:, 1:], q, out, num_valid)
             bonus = bonus[:, None]
         new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
         produced = jnp.minimum(a + 1, s.limit - s.start - 1)
@@ -296,6 +341,8 @@ class Decoder:
         block_size: int | None = None,
         mesh=None,
         sampling: Sampling = GREEDY,
+        verify_lengths: Sequence[int] | str | None = None,
+        verify_costs: Sequence[float] | None = None,
     ):
         """Args:
           target_params, cfg: the target (``Target`` parameters and config).
@@ -309,17 +356,31 @@ class Decoder:
             - 1, V]``, turned into ``q`` by the sampling settings). ``tokens`` is the loop's token
             buffer ``[B, S + block]`` int32 (committed tokens at positions ``0 .. start``, stale
             slots after). A step may return ``(out, num_draft)`` from ``draft``/``logits``:
-            only draft offsets ``1 .. num_draft [B]`` are real and can be accepted. A step
-            without parameters may be passed alone (``drafter=NgramStep()``).
+            only draft offsets ``1 .. num_draft [B]`` are real and can be accepted; or
+            ``(out, num_draft, conf)`` with ``conf`` float32 ``[B, block_len - 1]``, its
+            confidence in each draft token (``num_draft`` may be None), which ``verify_lengths``
+            uses. A step without parameters may be passed alone (``drafter=NgramStep()``).
           block_size: speculative block size (default: the drafter's).
           mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
             (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
             so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
           sampling: ``Sampling`` settings (default greedy); lossless in distribution (SPEC "Sampling").
+          verify_lengths: block lengths the loop may verify each round (each compiled once, one
+            ``lax.switch`` inside the loop; the block size is always one of them). Per round the
+            loop picks the one that commits most tokens per unit of ``verify_costs``
+            (``choose_verify_length``, from the draft step's confidences; a step that gives none
+            is trusted fully, so only ``num_draft`` limits it). Default: the block size only,
+            the plain SPEC loop. ``"auto"``: on a CPU every length of ``CPU_ROUND_COSTS`` up to the
+            block size (a long verify is compute-bound there), elsewhere the block size only.
+            Output is unchanged either way (greedy: token for token).
+          verify_costs: a round's cost at each verify length, in any unit (default:
+            ``CPU_ROUND_COSTS``, measured on a 2-core CPU; on an accelerator a long verify costs
+            little more than a short one, so pass that machine's table).
 
         Raises:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
-            or sampling with a draft step that has no ``logits``.
+            sampling with a draft step that has no ``logits``, or verify lengths outside
+            ``[1, block size]`` or costs that do not match them.
         """
         # Host (numpy) parameters would be copied to the device on every call: place them once.
         self.params, self.cfg, self.mesh, self.sampling = _on_device(target_params), cfg, mesh, sampling
@@ -342,6 +403,25 @@ class Decoder:
                 )
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
+        if verify_lengths == "auto":
+            cpu = jax.default_backend() == "cpu"
+            verify_lengths = [n for n in CPU_ROUND_COSTS if n <= self.block_size] if cpu else None
+        lengths = sorted({int(x) for x in (verify_lengths or ())} | {self.block_size})
+        if lengths[0] < 1 or lengths[-1] > self.block_size:
+            raise ValueError(f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]")
+        if verify_costs is None:
+            missing = [n for n in lengths if n not in CPU_ROUND_COSTS]
+            if len(lengths) > 1 and missing:
+                raise ValueError(f"no default round cost for verify length(s) {missing}: pass verify_costs")
+            verify_costs = [CPU_ROUND_COSTS.get(n, 1.0) for n in lengths]
+        if len(verify_costs) != len(lengths) or min(verify_costs) <= 0:
+            raise ValueError(
+                f"verify_costs {list(verify_costs)} must give one positive cost per verify length {lengths}"
+            )
+        self.verify_lengths = tuple(lengths) if len(lengths) > 1 else ()
+        if self.verify_lengths and isinstance(self.drafter, DraftStep):  # its confidences choose the length
+            self.drafter = dataclasses.replace(self.drafter, confidence=True)
+        self.verify_costs = tuple(float(c) for c in verify_costs) if len(lengths) > 1 else ()
         self._compiled: dict[tuple, tuple] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
         self._stream_lock = threading.Lock()
@@ -351,7 +431,15 @@ class Decoder:
         need = p + max_new_tokens + self.block_size
         cache_len = -(-need // 256) * 256
         max_rounds = max_new_tokens  # every round commits at least one token
-        return LoopShape(bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds)
+        return LoopShape(
+            bucket(len(prompt_lens), 1),
+            p,
+            cache_len,
+            self.block_size,
+            max_rounds,
+            self.verify_lengths,
+            self.verify_costs,
+        )
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
         """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent).

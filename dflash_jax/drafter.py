@@ -433,6 +433,7 @@ class DraftStep:
 
     cfg: DrafterConfig
     target_cfg: TargetConfig
+    confidence: bool = False  # draft() also returns each token's probability (for Decoder verify_lengths)
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
@@ -490,11 +491,15 @@ class DraftStep:
         *,
         tokens: Array | None = None,
     ):
-        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``.
+        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``;
+        with ``confidence``, ``(tokens, None, probability of each token [B, block_len - 1])``.
 
         ``tokens`` is not used (as in ``logits``)."""
         logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len)
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        if not self.confidence:
+            return draft
+        return draft, None, jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
 
 
 def check_fits(

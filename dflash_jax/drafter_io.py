@@ -24,8 +24,16 @@ from safetensors.numpy import save_file
 
 from dflash_jax import hub
 from dflash_jax.checkpoint import TargetCheckpoint, restore_params
-from dflash_jax.drafter import DrafterConfig, check_fits, drafter_param_shapes, init_drafter_params, released_names
+from dflash_jax.drafter import (
+    DrafterConfig,
+    DraftStep,
+    check_fits,
+    drafter_param_shapes,
+    init_drafter_params,
+    released_names,
+)
 from dflash_jax.errors import CheckpointError
+from dflash_jax.ngram import HybridStep, NgramStep
 from dflash_jax.sharding import placed
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import META_FILE, atomic_folder, read_json, read_safetensors
@@ -181,3 +189,41 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0):
     params, cfg, identity = load_drafter(spec)
     check_fits(cfg, ck.cfg, identity, ck.identity)
     return params, cfg
+
+
+# How often a prompt-lookup draft token is right, as HybridStep and the verify-length choice use
+# it: measured on SmolLM2-135M's greedy answers to the five benchmark sets (docs/BENCHMARKS.md,
+# "Prompt lookup and the default settings").
+NGRAM_CONFIDENCE = 0.6
+
+
+def speculation_for(
+    spec: str,
+    ck: TargetCheckpoint,
+    tok,
+    *,
+    prompt_lookup: bool = True,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    seed: int = 0,
+):
+    """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off.
+
+    ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
+    A DFlash drafter (``auto``, ``random`` or a folder; see ``drafter_for``) with ``prompt_lookup``
+    -> ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before,
+    the drafter elsewhere; without -> the drafter alone. ``auto`` with no drafter shipped for the
+    target and ``prompt_lookup`` -> prompt lookup alone, so the default is never slower for lack of
+    a drafter. Each is lossless (the loop verifies every draft).
+
+    Raises:
+      as ``drafter_for``; ValueError: bad n-gram lengths.
+    """
+    if spec == "ngram" or (spec == "auto" and prompt_lookup and resolve_drafter(spec, ck) == "none"):
+        return NgramStep(ngram_max, ngram_min, confidence=NGRAM_CONFIDENCE)
+    drafter = drafter_for(spec, ck, tok, seed)
+    if drafter is None or not prompt_lookup:
+        return drafter
+    params, cfg = drafter
+    ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=NGRAM_CONFIDENCE)
+    return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max))

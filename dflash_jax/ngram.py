@@ -48,10 +48,18 @@ def ngram_propose(
       ``[B]`` how many are real: the tokens after the latest earlier occurrence of the longest
       matching suffix, at most up to position ``start`` (0 when nothing matches).
     """
+    draft, num, _ = ngram_match(tokens, start, num_tokens, ngram_max, ngram_min)
+    return draft, num
+
+
+def ngram_match(
+    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1
+) -> tuple[Array, Array, Array]:
+    """``ngram_propose`` plus int32 ``[B]`` the length ``n`` of the suffix that matched (0: none)."""
     return jax.vmap(lambda t, s: _propose_row(t, s, num_tokens, ngram_max, ngram_min))(tokens, start)
 
 
-def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array]:
+def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array, Array]:
     length = t.shape[0]
     idx = jnp.arange(length, dtype=jnp.int32)
     # m[i]: length (capped at nmax) of the common suffix of t[.. i] and t[.. s], for i < s.
@@ -66,7 +74,8 @@ def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Arra
     end = jnp.where(found, key % length, 0)  # where the occurrence ends
     num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
     follow = jax.lax.dynamic_slice_in_dim(t, end + 1, k)
-    return jnp.where(jnp.arange(k) < num, follow, 0).astype(jnp.int32), num
+    matched = jnp.where(found, key // length, 0).astype(jnp.int32)
+    return jnp.where(jnp.arange(k) < num, follow, 0).astype(jnp.int32), num, matched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +94,9 @@ class NgramStep:
     ngram_max: int = 4
     ngram_min: int = 1
     block_size: int = 16  # the default (and largest) block size of a Decoder using this step
+    # The chance that a proposed token is right, for Decoder(verify_lengths=...): with it set,
+    # draft/logits also return it per offset (0 past num_draft); None: they return two values.
+    confidence: float | None = None
 
     tap_layers = ()  # class attribute, not a field: the target taps nothing
 
@@ -93,6 +105,8 @@ class NgramStep:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if self.confidence is not None and not 0 < self.confidence <= 1:
+            raise ValueError(f"confidence must be in (0, 1], got {self.confidence}")
 
     @property
     def max_block_size(self) -> int:
@@ -119,8 +133,12 @@ class NgramStep:
         *,
         tokens: Array,
     ) -> tuple[Array, Array]:
-        """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``."""
-        return ngram_propose(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
+        """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``
+        (and the per-offset confidence ``[B, block_len - 1]`` when ``confidence`` is set)."""
+        draft, num = ngram_propose(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
+        if self.confidence is None:
+            return draft, num
+        return draft, num, jnp.where(jnp.arange(block_len - 1) < num[:, None], self.confidence, 0.0)
 
     def logits(
         self,
@@ -139,7 +157,83 @@ class NgramStep:
         Any ``Sampling`` turns these into the one-hot ``q`` of the draft (temperature, top-k and
         top-p all keep the single finite token). ``V`` is the target's vocabulary (its embedding rows).
         """
-        draft, num = self.draft(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
+        draft, num, *conf = self.draft(
+            params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
+        )
+        return (_point_mass(draft, target_params), num, *conf)
+
+
+def _point_mass(draft: Array, target_params) -> Array:
+    """Logits ``[B, K, V]`` that every ``Sampling`` turns into the one-hot ``q`` of ``draft [B, K]``."""
+    vocab = target_params["embedding"].shape[0]
+    onehot = draft[..., None] == jnp.arange(vocab, dtype=jnp.int32)
+    return jnp.where(onehot, 0.0, -jnp.inf).astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridStep:
+    """Prompt lookup where it has a real match, the DFlash drafter elsewhere: per row and round.
+
+    A row whose last ``min_match`` (or more) committed tokens occurred earlier takes the n-gram
+    continuation (confidence ``ngram.confidence`` per token); every other row takes the drafter's
+    block (confidence: its probability of each token). When every row of the batch takes the
+    n-gram draft, the drafter's forward is skipped (``lax.cond``); its context cache is written
+    every round either way, so it is always current. Lossless like each part: the verify is the
+    loop's own, and under sampling an n-gram row's ``q`` is the point mass of its draft.
+    """
+
+    dflash: object  # a DraftStep (made with confidence=True)
+    ngram: NgramStep
+    min_match: int = 2
+
+    def __post_init__(self):
+        if not 1 <= self.min_match <= self.ngram.ngram_max:
+            raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
+
+    @property
+    def tap_layers(self):
+        return self.dflash.tap_layers
+
+    @property
+    def max_block_size(self) -> int:
+        return self.dflash.max_block_size
+
+    def init_cache(self, batch: int, cache_len: int):
+        return self.dflash.init_cache(batch, cache_len)
+
+    def write_context(self, params, cache, feats, start):
+        return self.dflash.write_context(params, cache, feats, start)
+
+    def _choose(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
+        k = block_len - 1
+        ng, ng_num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
+        use = (matched >= self.min_match) & (ng_num > 0)
         vocab = target_params["embedding"].shape[0]
-        onehot = draft[..., None] == jnp.arange(vocab, dtype=jnp.int32)
-        return jnp.where(onehot, 0.0, -jnp.inf).astype(jnp.float32), num
+
+        def run_drafter():
+            return self.dflash.logits(params, target_params, cache, anchor, start, block_valid, block_len)
+
+        logits = jax.lax.cond(jnp.all(use), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
+        return ng, ng_num, use, logits
+
+    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
+        """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
+        ng, ng_num, use, logits = self._choose(
+            params, target_params, cache, anchor, start, block_valid, block_len, tokens
+        )
+        k = block_len - 1
+        conf_ng = jnp.where(jnp.arange(k) < ng_num[:, None], self.ngram.confidence or 1.0, 0.0)
+        draft = jnp.where(use[:, None], ng, jnp.argmax(logits, -1).astype(jnp.int32))
+        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
+        return draft, jnp.where(use, ng_num, k), conf
+
+    def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
+        """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows."""
+        ng, ng_num, use, logits = self._choose(
+            params, target_params, cache, anchor, start, block_valid, block_len, tokens
+        )
+        k = block_len - 1
+        conf_ng = jnp.where(jnp.arange(k) < ng_num[:, None], self.ngram.confidence or 1.0, 0.0)
+        out = jnp.where(use[:, None, None], _point_mass(ng, target_params), logits)
+        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
+        return out, jnp.where(use, ng_num, k), conf

@@ -1,6 +1,6 @@
 """Where a speculative round's time goes: the jitted pieces of the loop, timed alone.
 
-SmolLM2-135M, batch 1, a KV cache of 512 slots, a random 1-layer drafter; for T = 1, 4, 8, 16
+SmolLM2-135M, batch 1, a KV cache of 512 slots, a random 1-layer drafter; for T = 1, 2, 4, 8, 16
 block tokens: target verify (forward + LM head + argmax), the target forward alone, the
 drafter's draft (1 layer + LM head on T-1 positions) and its context write. Milliseconds,
 mean of 20 runs after two warm-up calls.
@@ -41,7 +41,7 @@ def main():
     dparams, step = jax.device_put(init_drafter_params(dcfg, 0)), DraftStep(dcfg, cfg)
     cache, dcache, s = init_cache(cfg, 1, 512), step.init_cache(1, 512), jnp.array([100])
     print("T  verify  target-forward  draft  context-write   (ms)")
-    for t in (1, 4, 8, 16):
+    for t in (1, 2, 4, 8, 16):
         pos = 100 + jnp.arange(t)[None]
         tok = jnp.ones((1, t), jnp.int32)
 

@@ -142,6 +142,10 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     acc = [a for r in recs for a in r["b4"]["acceptance_lengths"]]
     assert rep["tau"] == pytest.approx(np.mean(acc)) and rep["block_size"] == 4
     assert all(sum(r["b8"]["acceptance_lengths"]) + 1 == r["plain"]["tokens"] for r in recs)
+    # prompt lookup alone (the baseline) and the default settings are arms of their own, lossless too
+    assert all(r["ngram"]["identical"] and r["default"]["identical"] for r in recs)
+    assert all(sum(r[k]["acceptance_lengths"]) + 1 == r["plain"]["tokens"] for r in recs for k in ("ngram", "default"))
+    assert set(rep["table"]["gsm8k"]) == {"4", "8", "ngram", "default"}
     turn2 = next(r for r in recs if r["turn"] == 1)
     assert (
         turn2["prompt_tokens"] > next(r for r in recs if r["dataset"] == "mt-bench" and r["turn"] == 0)["prompt_tokens"]
@@ -149,7 +153,10 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert set(rep["table"]) == {"gsm8k", "mt-bench", "all"}
     for f in ("r.md", "r_histogram.png", "r_offsets.png"):
         assert (out.parent / f).stat().st_size > 0
-    assert "| gsm8k | 4 | 3 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (
+        "| gsm8k | 4 | 3 |" in printed and "| gsm8k | ngram | 3 |" in printed and "| gsm8k | default | 3 |" in printed
+    )
 
     # resume after a kill: keep the header and two records, the rerun measures only the rest
     records = out.with_suffix(".records.jsonl")

@@ -91,3 +91,19 @@ def test_generate_cli_json(tiny_models, capsys):
     for key in ("text", "token_ids", "num_output_tokens", "decode_tokens_per_s", "prefill_s", "compile_s"):
         assert key in record
     assert record["num_output_tokens"] == len(record["token_ids"]) == 6
+
+
+def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys):
+    """--drafter ngram (prompt lookup), the defaults (auto: prompt lookup for a target without a
+    shipped drafter, verify lengths auto) and a bad --verify-lengths, through the command line."""
+    from dflash_jax.cli import main
+
+    _, _, path = tiny_models["qwen3"]
+    base = ["generate", "--target", str(path), "--prompt", "t10 t11 t12 t10 t11 t12 t10 t11", "--max-new-tokens", "12"]
+    outs = []
+    for extra in (["--drafter", "none"], ["--drafter", "ngram", "--verify-lengths", "1,4"], []):
+        main([*base, *extra, "--json"])
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 12
+    with pytest.raises(SystemExit, match="--verify-lengths takes auto, full or numbers"):
+        main([*base, "--verify-lengths", "four"])

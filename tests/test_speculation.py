@@ -1,0 +1,163 @@
+"""Verifying fewer tokens when fewer pay (``Decoder(verify_lengths=...)``) and drafting with DFlash
+and prompt lookup together (``HybridStep``): both stay lossless, and each does what it says.
+
+Greedy: token-identical to plain decoding (test_ngram's tiny target, whose output repeats itself).
+Sampled: the target's distribution (exact enumeration + chi-square, test_ngram's tiny target).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_ngram import _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
+
+from dflash_jax.decode import CPU_ROUND_COSTS, Decoder, choose_verify_length
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+from dflash_jax.ngram import HybridStep, NgramStep, ngram_match
+from dflash_jax.sampling import Sampling
+
+P_REJECT = 1e-3
+
+
+def test_choose_verify_length_maximises_expected_tokens_per_cost():
+    conf = jnp.asarray([[0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1], [0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], jnp.float32)
+    lengths, costs = (1, 2, 4, 8), (1.0, 1.2, 1.5, 1.8)
+    num = jnp.asarray([7, 7], jnp.int32)
+
+    def expected(c, n, length):  # 1 + sum over k < length of P(the first k accepted)
+        return 1 + sum(np.prod(c[:k]) for k in range(1, min(length - 1, n) + 1))
+
+    for active in ([True, False], [False, True], [True, True]):
+        act = np.asarray(active)
+        want = np.argmax(
+            [sum(expected(np.asarray(conf[b]), 7, n) for b in range(2) if act[b]) / c for n, c in zip(lengths, costs)]
+        )
+        got = int(choose_verify_length(conf, num, jnp.asarray(act), lengths, costs))
+        assert got == want
+    assert int(choose_verify_length(conf, num, jnp.asarray([True, False]), lengths, costs)) == 2  # 4 tokens
+    assert int(choose_verify_length(conf, num, jnp.asarray([False, True]), lengths, costs)) == 0  # plain step
+    # a short real draft caps the expectation: nothing past num_draft counts
+    assert int(choose_verify_length(jnp.ones((1, 7)), jnp.asarray([1]), jnp.asarray([True]), lengths, costs)) == 1
+
+
+def _dflash(ck, bs=8):
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=bs, mask_token_id=3)
+    return init_drafter_params(dcfg, seed=0), dcfg
+
+
+@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid"])
+def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa: F811
+    ck, plain = target
+    prompts = _prompts(8)
+    want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
+    params, dcfg = _dflash(ck)
+    step = {
+        "ngram": (None, NgramStep(block_size=8, confidence=0.7)),
+        "dflash": (params, dcfg),
+        "hybrid": (params, HybridStep(DraftStep(dcfg, ck.cfg, True), NgramStep(block_size=8, confidence=0.7))),
+    }[which]
+    full = Decoder(ck.params, ck.cfg, drafter=step, block_size=8)
+    short = Decoder(ck.params, ck.cfg, drafter=step, block_size=8, verify_lengths=(1, 2), verify_costs=(1, 1.2, 2.5))
+    cheap = Decoder(ck.params, ck.cfg, drafter=step, block_size=8, verify_lengths=(1, 4), verify_costs=(1, 1, 1))
+    assert short.verify_lengths == (1, 2, 8) and cheap.verify_lengths == (1, 4, 8)
+    got_full, got_short, got_cheap = (d.generate(prompts, 40, (5,)) for d in (full, short, cheap))
+    assert [r.token_ids for r in got_full] == want and [r.token_ids for r in got_short] == want
+    assert [r.token_ids for r in got_cheap] == want
+    # At equal costs the longest verify always pays at least as much: the rounds of the full loop.
+    assert [r.acceptance_lengths for r in got_cheap] == [r.acceptance_lengths for r in got_full]
+    # With lengths (1, 2, 8) at costs (1, 1.2, 2.5), verifying 2 beats 8 for confidence-0.7 (or lower)
+    # drafts (1.7 / 1.2 > 3.14 / 2.5), so no round commits more than 2 tokens, though the full loop
+    # commits more on these prompts.
+    assert max(a for r in got_short for a in r.acceptance_lengths) <= 2
+    if which != "dflash":  # (a random drafter's draft is rejected anyway)
+        assert max(a for r in got_full for a in r.acceptance_lengths) > 2
+
+
+def test_verify_lengths_are_checked(target):  # noqa: F811
+    ck, _ = target
+    with pytest.raises(ValueError, match=r"must lie in \[1, block size 8\]"):
+        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 9))
+    with pytest.raises(ValueError, match="one positive cost per verify length"):
+        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 4), verify_costs=(1, 2))
+    with pytest.raises(ValueError, match="no default round cost for verify length"):
+        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(3,))
+    auto = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths="auto")
+    assert auto.verify_lengths == tuple(n for n in CPU_ROUND_COSTS if n <= 8)  # tests run on a CPU
+
+
+def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
+    ck, _ = target
+    params, dcfg = _dflash(ck)
+    dstep = DraftStep(dcfg, ck.cfg, True)
+    step = HybridStep(dstep, NgramStep(block_size=8, confidence=0.7), min_match=2)
+    tokens = jnp.asarray(
+        [
+            [6, 7, 8, 9, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [6, 7, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ],
+        jnp.int32,
+    )
+    start = jnp.asarray([5, 5], jnp.int32)
+    cache = dstep.write_context(
+        params,
+        dstep.init_cache(2, 24),
+        jnp.ones((2, 5, len(dcfg.target_layer_ids) * ck.cfg.hidden_size)),
+        jnp.zeros((2,), jnp.int32),
+    )
+    args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
+    draft, num, conf = step.draft(*args, tokens=tokens)
+    ng, ng_num, matched = ngram_match(tokens, start, 7, 4, 1)
+    assert matched.tolist() == [2, 0] and ng_num.tolist() == [4, 0]
+    alone, _, dconf = dstep.draft(*args)
+    np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: "6 7" occurred before -> "8 9 6 7"
+    np.testing.assert_array_equal(draft[1], alone[1])  # row 1: no match -> the drafter
+    assert num.tolist() == [4, 7]
+    np.testing.assert_allclose(conf[0], [0.7, 0.7, 0.7, 0.7, 0, 0, 0])
+    np.testing.assert_allclose(conf[1], dconf[1], rtol=1e-6)
+    logits, num2, _ = step.logits(*args, tokens=tokens)
+    assert num2.tolist() == [4, 7] and int(jnp.argmax(logits[0, 0])) == int(ng[0, 0])
+    np.testing.assert_array_equal(jnp.argmax(logits[1], -1), alone[1])
+
+
+def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F811
+    ck, _ = target
+    params, dcfg = _dflash(ck)
+    dstep = DraftStep(dcfg, ck.cfg, True)
+    step = HybridStep(dstep, NgramStep(block_size=8), min_match=1)
+    tokens = jnp.asarray([[6, 7, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
+    start = jnp.asarray([2], jnp.int32)
+    calls = []
+    real = DraftStep.logits
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return real(self, *a, **k)
+
+    DraftStep.logits = counted
+    try:
+        jaxpr = str(
+            jax.make_jaxpr(
+                lambda t: step.draft(
+                    params, ck.params, dstep.init_cache(1, 16), t[:, 2], start, jnp.asarray([8]), 8, tokens=t
+                )
+            )(tokens)
+        )
+    finally:
+        DraftStep.logits = real
+    assert "cond" in jaxpr and calls  # the drafter sits in a branch the loop takes only when a row needs it
+
+
+@pytest.mark.parametrize("lengths", [None, (1, 2)], ids=["full", "short"])
+def test_sampling_keeps_the_target_distribution(tiny, lengths):  # noqa: F811
+    cfg, params = tiny
+    s = Sampling(0.8)
+    dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,))
+    dparams = init_drafter_params(dcfg, seed=0)
+    step = HybridStep(DraftStep(dcfg, cfg, True), NgramStep(block_size=4, confidence=0.7), min_match=1)
+    dec = Decoder(params, cfg, drafter=(dparams, step), sampling=s, verify_lengths=lengths)
+    counts, multi = sampled_joint(dec)
+    assert multi > 0  # drafts were accepted
+    assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
+    assert chi_square_p(counts, exact_joint(cfg, params, Sampling(1.2))) < P_REJECT  # the check has teeth
