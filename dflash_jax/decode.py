@@ -51,10 +51,10 @@ from dflash_jax.target import Target, TargetConfig, init_cache
 Array = jax.Array
 
 
-# A round's cost by verify length on the 2-core CPU this project is developed on, in plain steps
-# (SmolLM2-135M, float32; docs/BENCHMARKS.md "Speculative round cost"): a multi-token verify is
-# compute-bound there. Only the ratios matter (choose_verify_length).
-CPU_ROUND_COSTS = {1: 1.0, 2: 1.2, 4: 1.5, 8: 1.8, 16: 2.5}
+# The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
+# compute-bound (a 16-token verify costs 2.5-3.8 plain steps on the 2-core machines this project
+# runs on; docs/BENCHMARKS.md "Speculative round cost"). Their costs are measured on the machine.
+AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -370,12 +370,12 @@ class Decoder:
             loop picks the one that commits most tokens per unit of ``verify_costs``
             (``choose_verify_length``, from the draft step's confidences; a step that gives none
             is trusted fully, so only ``num_draft`` limits it). Default: the block size only,
-            the plain SPEC loop. ``"auto"``: on a CPU every length of ``CPU_ROUND_COSTS`` up to the
-            block size (a long verify is compute-bound there), elsewhere the block size only.
+            the plain SPEC loop. ``"auto"``: on a CPU ``AUTO_VERIFY_LENGTHS`` up to the block size
+            (a long verify is compute-bound there), elsewhere the block size only.
             Output is unchanged either way (greedy: token for token).
-          verify_costs: a round's cost at each verify length, in any unit (default:
-            ``CPU_ROUND_COSTS``, measured on a 2-core CPU; on an accelerator a long verify costs
-            little more than a short one, so pass that machine's table).
+          verify_costs: a round's cost at each verify length, in any unit; default (or
+            ``"measure"``): measured on this machine when a shape is first compiled
+            (``measure_verify_costs``: the target's verify at each length, timed).
 
         Raises:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
@@ -405,15 +405,13 @@ class Decoder:
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
         if verify_lengths == "auto":
             cpu = jax.default_backend() == "cpu"
-            verify_lengths = [n for n in CPU_ROUND_COSTS if n <= self.block_size] if cpu else None
+            verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None
         lengths = sorted({int(x) for x in (verify_lengths or ())} | {self.block_size})
         if lengths[0] < 1 or lengths[-1] > self.block_size:
             raise ValueError(f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]")
-        if verify_costs is None:
-            missing = [n for n in lengths if n not in CPU_ROUND_COSTS]
-            if len(lengths) > 1 and missing:
-                raise ValueError(f"no default round cost for verify length(s) {missing}: pass verify_costs")
-            verify_costs = [CPU_ROUND_COSTS.get(n, 1.0) for n in lengths]
+        self._measure = verify_costs in (None, "measure") and len(lengths) > 1
+        if verify_costs in (None, "measure"):
+            verify_costs = [1.0] * len(lengths)  # replaced by the measured costs of each shape
         if len(verify_costs) != len(lengths) or min(verify_costs) <= 0:
             raise ValueError(
                 f"verify_costs {list(verify_costs)} must give one positive cost per verify length {lengths}"
@@ -423,6 +421,7 @@ class Decoder:
             self.drafter = dataclasses.replace(self.drafter, confidence=True)
         self.verify_costs = tuple(float(c) for c in verify_costs) if len(lengths) > 1 else ()
         self._compiled: dict[tuple, tuple] = {}
+        self._measured: dict[tuple, tuple[float, ...]] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
         self._stream_lock = threading.Lock()
 
@@ -431,15 +430,41 @@ class Decoder:
         need = p + max_new_tokens + self.block_size
         cache_len = -(-need // 256) * 256
         max_rounds = max_new_tokens  # every round commits at least one token
-        return LoopShape(
-            bucket(len(prompt_lens), 1),
-            p,
-            cache_len,
-            self.block_size,
-            max_rounds,
-            self.verify_lengths,
-            self.verify_costs,
-        )
+        batch = bucket(len(prompt_lens), 1)
+        costs = self.measure_verify_costs(batch, cache_len) if self._measure else self.verify_costs
+        return LoopShape(batch, p, cache_len, self.block_size, max_rounds, self.verify_lengths, costs)
+
+    def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
+        """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
+        each of ``verify_lengths``, median of ``repeats`` after a warm-up, in units of the shortest;
+        measured once per shape and kept. Rounded to two digits, so that the compiled loop (whose
+        key holds them) is found again in the persistent cache when the timings barely move."""
+        key = (batch, cache_len)
+        if key in self._measured:
+            return self._measured[key]
+        model, taps = Target(self.cfg), self.drafter.tap_layers if self.drafter is not None else ()
+
+        def verify(params, cache, tokens):
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+            hidden, feats, cache = model.apply({"params": params}, tokens, positions, cache, taps)
+            return jnp.argmax(model.apply({"params": params}, hidden, method="logits"), -1), feats, cache
+
+        cache, times = init_cache(self.cfg, batch, cache_len), []
+        for length in self.verify_lengths:
+            tokens = jnp.zeros((batch, length), jnp.int32)
+            fn = jax.jit(verify).lower(self.params, cache, tokens).compile()
+            jax.block_until_ready(fn(self.params, cache, tokens))
+            runs = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(self.params, cache, tokens))
+                runs.append(time.perf_counter() - t0)
+            times.append(float(np.median(runs)))
+        costs = [round(t / times[0], 2) for t in times]
+        for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
+            costs[i] = max(costs[i], costs[i - 1])
+        self._measured[key] = tuple(costs)
+        return self._measured[key]
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
         """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent).

@@ -191,10 +191,12 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0):
     return params, cfg
 
 
-# How often a prompt-lookup draft token is right, as HybridStep and the verify-length choice use
-# it: measured on SmolLM2-135M's greedy answers to the five benchmark sets (docs/BENCHMARKS.md,
-# "Prompt lookup and the default settings").
-NGRAM_CONFIDENCE = 0.6
+# How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
+# token, each later one given the ones before), as the verify-length choice reads it. Measured on
+# SmolLM2-135M's greedy answers to 200 first turns of the five benchmark sets (40 each; a token
+# is drafted from the rest of the answer and the prompt as prompt lookup does): docs/BENCHMARKS.md,
+# "Prompt lookup and the default settings".
+NGRAM_CONFIDENCE = ((0.24, 0.7), (0.51, 0.8), (0.61, 0.8), (0.87, 0.93))
 
 
 def speculation_for(
@@ -210,20 +212,29 @@ def speculation_for(
     """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off.
 
     ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
-    A DFlash drafter (``auto``, ``random`` or a folder; see ``drafter_for``) with ``prompt_lookup``
-    -> ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before,
-    the drafter elsewhere; without -> the drafter alone. ``auto`` with no drafter shipped for the
-    target and ``prompt_lookup`` -> prompt lookup alone, so the default is never slower for lack of
-    a drafter. Each is lossless (the loop verifies every draft).
+    A DFlash drafter (``random`` or a folder; see ``drafter_for``) with ``prompt_lookup`` ->
+    ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before, the
+    drafter elsewhere; without -> the drafter alone. ``auto`` with ``prompt_lookup`` is the fastest
+    setup measured for the hardware: on an accelerator the shipped drafter with prompt lookup, on a
+    CPU (or with no drafter shipped) prompt lookup alone, since there a DFlash round (a drafter
+    forward of 0.5-0.7 plain steps, then a compute-bound verify) costs more than the shipped
+    drafter commits (docs/BENCHMARKS.md, "Prompt lookup and the default settings"). Each is
+    lossless (the loop verifies every draft).
 
     Raises:
       as ``drafter_for``; ValueError: bad n-gram lengths.
     """
-    if spec == "ngram" or (spec == "auto" and prompt_lookup and resolve_drafter(spec, ck) == "none"):
-        return NgramStep(ngram_max, ngram_min, confidence=NGRAM_CONFIDENCE)
+    cpu_or_none = jax.default_backend() == "cpu" or resolve_drafter(spec, ck) == "none"
+    if spec == "ngram" or (spec == "auto" and prompt_lookup and cpu_or_none):
+        return NgramStep(ngram_max, ngram_min, confidence=_ngram_confidence(ngram_max))
     drafter = drafter_for(spec, ck, tok, seed)
     if drafter is None or not prompt_lookup:
         return drafter
     params, cfg = drafter
-    ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=NGRAM_CONFIDENCE)
+    ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=_ngram_confidence(ngram_max))
     return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max))
+
+
+def _ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:
+    """``NGRAM_CONFIDENCE`` for suffix lengths 1..ngram_max (lengths past 4 take length 4's)."""
+    return tuple(NGRAM_CONFIDENCE[min(n, len(NGRAM_CONFIDENCE)) - 1] for n in range(1, ngram_max + 1))

@@ -94,9 +94,12 @@ class NgramStep:
     ngram_max: int = 4
     ngram_min: int = 1
     block_size: int = 16  # the default (and largest) block size of a Decoder using this step
-    # The chance that a proposed token is right, for Decoder(verify_lengths=...): with it set,
-    # draft/logits also return it per offset (0 past num_draft); None: they return two values.
-    confidence: float | None = None
+    # How likely a proposed token is right, for Decoder(verify_lengths=...): one probability for
+    # every token, or per matched suffix length n = 1 .. ngram_max a pair (the first token's, each
+    # later token's given the ones before it). With it set, draft/logits also return the
+    # per-offset probability of the first k tokens being right, step by step (0 past num_draft);
+    # None: they return two values.
+    confidence: float | tuple[tuple[float, float], ...] | None = None
 
     tap_layers = ()  # class attribute, not a field: the target taps nothing
 
@@ -105,8 +108,12 @@ class NgramStep:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.confidence is not None and not 0 < self.confidence <= 1:
-            raise ValueError(f"confidence must be in (0, 1], got {self.confidence}")
+        c = self.confidence
+        table = c if isinstance(c, tuple) else ((c, c),) * self.ngram_max if c is not None else ()
+        if c is not None and (len(table) != self.ngram_max or not all(0 < x <= 1 for pair in table for x in pair)):
+            raise ValueError(
+                f"confidence must be a probability or {self.ngram_max} (first, later) probability pairs, got {c!r}"
+            )
 
     @property
     def max_block_size(self) -> int:
@@ -135,10 +142,20 @@ class NgramStep:
     ) -> tuple[Array, Array]:
         """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``
         (and the per-offset confidence ``[B, block_len - 1]`` when ``confidence`` is set)."""
-        draft, num = ngram_propose(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
+        draft, num, matched = ngram_match(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
         if self.confidence is None:
             return draft, num
-        return draft, num, jnp.where(jnp.arange(block_len - 1) < num[:, None], self.confidence, 0.0)
+        return draft, num, self.token_confidence(matched, num, block_len - 1)
+
+    def token_confidence(self, matched: Array, num: Array, k: int) -> Array:
+        """float32 ``[B, k]``: the probability that draft offset ``j + 1`` is right given offsets
+        ``1 .. j`` were, from ``confidence`` and each row's matched length (0 past ``num``)."""
+        c = self.confidence
+        table = jnp.asarray(c if isinstance(c, tuple) else ((c, c),) * self.ngram_max, jnp.float32)  # [nmax, 2]
+        pair = table[jnp.clip(matched - 1, 0, self.ngram_max - 1)]  # [B, 2]
+        offsets = jnp.arange(k)
+        conf = jnp.where(offsets == 0, pair[:, :1], pair[:, 1:])
+        return jnp.where(offsets < num[:, None], conf, 0.0)
 
     def logits(
         self,
@@ -208,32 +225,33 @@ class HybridStep:
         k = block_len - 1
         ng, ng_num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
         use = (matched >= self.min_match) & (ng_num > 0)
+        conf_ng = self.ngram.token_confidence(matched, ng_num, k) if self.ngram.confidence is not None else None
         vocab = target_params["embedding"].shape[0]
 
         def run_drafter():
             return self.dflash.logits(params, target_params, cache, anchor, start, block_valid, block_len)
 
         logits = jax.lax.cond(jnp.all(use), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
-        return ng, ng_num, use, logits
+        if conf_ng is None:
+            conf_ng = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
+        return ng, ng_num, use, logits, conf_ng
 
     def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
-        ng, ng_num, use, logits = self._choose(
+        ng, ng_num, use, logits, conf_ng = self._choose(
             params, target_params, cache, anchor, start, block_valid, block_len, tokens
         )
         k = block_len - 1
-        conf_ng = jnp.where(jnp.arange(k) < ng_num[:, None], self.ngram.confidence or 1.0, 0.0)
         draft = jnp.where(use[:, None], ng, jnp.argmax(logits, -1).astype(jnp.int32))
         conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
         return draft, jnp.where(use, ng_num, k), conf
 
     def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows."""
-        ng, ng_num, use, logits = self._choose(
+        ng, ng_num, use, logits, conf_ng = self._choose(
             params, target_params, cache, anchor, start, block_valid, block_len, tokens
         )
         k = block_len - 1
-        conf_ng = jnp.where(jnp.arange(k) < ng_num[:, None], self.ngram.confidence or 1.0, 0.0)
         out = jnp.where(use[:, None, None], _point_mass(ng, target_params), logits)
         conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
         return out, jnp.where(use, ng_num, k), conf

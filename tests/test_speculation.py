@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_ngram import _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
 
-from dflash_jax.decode import CPU_ROUND_COSTS, Decoder, choose_verify_length
+from dflash_jax.decode import AUTO_VERIFY_LENGTHS, Decoder, choose_verify_length
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.ngram import HybridStep, NgramStep, ngram_match
 from dflash_jax.sampling import Sampling
@@ -81,10 +81,12 @@ def test_verify_lengths_are_checked(target):  # noqa: F811
         Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 9))
     with pytest.raises(ValueError, match="one positive cost per verify length"):
         Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 4), verify_costs=(1, 2))
-    with pytest.raises(ValueError, match="no default round cost for verify length"):
-        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(3,))
     auto = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths="auto")
-    assert auto.verify_lengths == tuple(n for n in CPU_ROUND_COSTS if n <= 8)  # tests run on a CPU
+    assert auto.verify_lengths == tuple(n for n in AUTO_VERIFY_LENGTHS if n <= 8)  # tests run on a CPU
+    # without costs they are measured on this machine, per shape: the shortest is the unit
+    shape = auto.shape_for([5, 9], 16)
+    assert shape.verify_costs[0] == 1.0 and list(shape.verify_costs) == sorted(shape.verify_costs)
+    assert len(shape.verify_costs) == len(auto.verify_lengths) and auto.shape_for([5], 16) != shape
 
 
 def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
@@ -161,3 +163,26 @@ def test_sampling_keeps_the_target_distribution(tiny, lengths):  # noqa: F811
     assert multi > 0  # drafts were accepted
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
     assert chi_square_p(counts, exact_joint(cfg, params, Sampling(1.2))) < P_REJECT  # the check has teeth
+
+
+def test_prompt_lookup_confidence_by_matched_length():
+    step = NgramStep(ngram_max=2, ngram_min=1, block_size=5, confidence=((0.2, 0.5), (0.9, 0.95)))
+    conf = np.asarray(step.token_confidence(jnp.asarray([1, 2, 2, 0]), jnp.asarray([4, 4, 2, 0]), 4))
+    np.testing.assert_allclose(conf, [[0.2, 0.5, 0.5, 0.5], [0.9, 0.95, 0.95, 0.95], [0.9, 0.95, 0, 0], [0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="2 \\(first, later\\) probability pairs"):
+        NgramStep(ngram_max=2, confidence=((0.2, 0.5),))
+
+
+def test_the_defaults_by_hardware(tiny_models):
+    from dflash_jax import checkpoint
+    from dflash_jax.drafter_io import speculation_for
+
+    ck = checkpoint.load_target(tiny_models["qwen3"][2])
+    tok = ck.tokenizer()
+    auto = speculation_for("auto", ck, tok)  # on a CPU (and with no drafter shipped): prompt lookup alone
+    assert isinstance(auto, NgramStep) and len(auto.confidence) == auto.ngram_max == 4
+    params, hybrid = speculation_for("random", ck, tok)  # a DFlash drafter named: with prompt lookup
+    assert isinstance(hybrid, HybridStep) and hybrid.dflash.confidence and params is not None
+    assert speculation_for("random", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
+    assert speculation_for("none", ck, tok) is None
+    assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
