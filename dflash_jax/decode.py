@@ -72,7 +72,6 @@ class LoopShape:
     block_size: int
     max_rounds: int  # size of the per-round acceptance record
     verify_lengths: tuple[int, ...] = ()  # compiled verify lengths to choose from per round (() = block_size)
-    verify_costs: tuple[float, ...] = ()  # a round's cost at each of them (any unit), for the choice
 
 
 class LoopState(NamedTuple):
@@ -115,21 +114,28 @@ def _with_count(out) -> tuple[Array, Array | None, Array | None]:
     return (*out, None) if len(out) == 2 else out
 
 
-def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, costs) -> Array:
-    """Index into ``lengths`` of the verify length that commits most tokens per unit of cost.
+def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, costs) -> tuple[Array, Array]:
+    """Per row, the verify length that commits most tokens per unit of cost; and the batch's.
 
-    With ``conf [B, K]`` read as independent per-offset acceptance probabilities, verifying ``L``
-    tokens commits ``1 + sum_{k < L} prod_{j <= k} conf_j`` tokens in expectation (offsets past
-    ``num_valid`` count 0); the batch shares one length, so active rows' expectations are summed
-    and divided by ``costs[i]``, the round's cost at ``lengths[i]``. Lossless whatever it picks:
-    it only decides how many draft tokens the target checks.
+    With ``conf [B, K]`` read as per-offset acceptance probabilities (offset ``k``'s given the
+    earlier ones), verifying ``L`` tokens commits ``1 + sum_{k < L} prod_{j <= k} conf_j`` tokens
+    in expectation (offsets past ``num_valid`` count 0); ``costs [len(lengths)]`` is a round's cost
+    at each of ``lengths`` (ascending). Each row picks its own best length from its own draft
+    alone, so a row's output never depends on the rest of the batch; the batch then verifies the
+    longest of the active rows' picks. Lossless whatever it picks: it only decides how many draft
+    tokens the target checks.
+
+    Returns:
+      ``(index, row_lengths)``: int32 scalar index into ``lengths`` of the batch's verify length,
+      and int32 ``[B]`` each row's own pick (its draft is checked only that far).
     """
     k = conf.shape[1]
     survive = jnp.cumprod(conf, axis=1) * (jnp.arange(1, k + 1) <= num_valid[:, None])
     cum = jnp.concatenate([jnp.zeros_like(survive[:, :1]), jnp.cumsum(survive, axis=1)], axis=1)  # [B, K + 1]
     expected = jnp.stack([1.0 + cum[:, length - 1] for length in lengths], axis=1)  # [B, len(lengths)]
-    per_cost = jnp.sum(jnp.where(active[:, None], expected, 0.0), axis=0) / jnp.asarray(costs, jnp.float32)
-    return jnp.argmax(per_cost).astype(jnp.int32)
+    row = jnp.argmax(expected / costs.astype(jnp.float32), axis=1)  # [B]
+    index = jnp.max(jnp.where(active, row, 0)).astype(jnp.int32)
+    return index, jnp.asarray(lengths, jnp.int32)[row]
 
 
 def sample_draft(key: Array, q: Array) -> Array:
@@ -201,6 +207,7 @@ def decode_loop(
     drafter_params,
     state: LoopState,
     stop_ids: Array,
+    verify_costs: Array,
     *,
     cfg: TargetConfig,
     shape: LoopShape,
@@ -256,8 +263,8 @@ def decode_loop(
             block = block.at[:, 1:].set(draft)
         if len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
             conf = jnp.ones(block[:, 1:].shape, jnp.float32) if conf is None else conf
-            choice = choose_verify_length(conf, num_valid, active, lengths, shape.verify_costs)
-            num_valid = jnp.minimum(num_valid, jnp.asarray(lengths, jnp.int32)[choice] - 1)
+            choice, row_lengths = choose_verify_length(conf, num_valid, active, lengths, verify_costs)
+            num_valid = jnp.minimum(num_valid, row_lengths - 1)
             branches = [partial(verify, length) for length in lengths]
             out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
         else:
@@ -430,15 +437,20 @@ class Decoder:
         need = p + max_new_tokens + self.block_size
         cache_len = -(-need // 256) * 256
         max_rounds = max_new_tokens  # every round commits at least one token
-        batch = bucket(len(prompt_lens), 1)
-        costs = self.measure_verify_costs(batch, cache_len) if self._measure else self.verify_costs
-        return LoopShape(batch, p, cache_len, self.block_size, max_rounds, self.verify_lengths, costs)
+        return LoopShape(bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds, self.verify_lengths)
+
+    def costs_for(self, shape: LoopShape) -> np.ndarray:
+        """float32 ``[len(verify_lengths)]`` (``[1]`` when there is one length): the round costs the
+        loop chooses with, an argument of the compiled loop (so new timings never recompile it)."""
+        if not self.verify_lengths:
+            return np.ones((1,), np.float32)
+        costs = self.measure_verify_costs(shape.batch, shape.cache_len) if self._measure else self.verify_costs
+        return np.asarray(costs, np.float32)
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
         each of ``verify_lengths``, median of ``repeats`` after a warm-up, in units of the shortest;
-        measured once per shape and kept. Rounded to two digits, so that the compiled loop (whose
-        key holds them) is found again in the persistent cache when the timings barely move."""
+        measured once per shape and kept (and never part of what is compiled: ``costs_for``)."""
         key = (batch, cache_len)
         if key in self._measured:
             return self._measured[key]
@@ -498,7 +510,8 @@ class Decoder:
             ),
             donate_argnums=(2,),
         )
-        loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop)).compile()
+        costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1),), jnp.float32)
+        loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop), costs).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
@@ -550,6 +563,7 @@ class Decoder:
         shape = self.shape_for([len(p) for p in prompts], max_new_tokens)
         stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
         pre, loop, compile_s = self.compile(shape, len(stops), _stream)
+        costs = self.costs_for(shape)  # measured (once per shape) before the clock starts
 
         n = len(prompts)
         tok = np.zeros((shape.batch, shape.prompt_len), np.int32)
@@ -566,7 +580,7 @@ class Decoder:
         if _stream:
             first = jax.device_get(_row_slice(state.tokens, state.start, 1))[:n, 0]
             self._sink([[int(t)] for t in first])
-        state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops))
+        state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops, costs))
         t2 = time.perf_counter()
         tokens, start, limit, rounds, accepted = jax.device_get(
             (state.tokens, state.start, state.limit, state.rounds, state.accepted)

@@ -21,25 +21,22 @@ from dflash_jax.sampling import Sampling
 P_REJECT = 1e-3
 
 
-def test_choose_verify_length_maximises_expected_tokens_per_cost():
-    conf = jnp.asarray([[0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1], [0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], jnp.float32)
-    lengths, costs = (1, 2, 4, 8), (1.0, 1.2, 1.5, 1.8)
+def test_choose_verify_length_maximises_expected_tokens_per_cost_row_by_row():
+    conf = jnp.asarray([[0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1], [0.15, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]], jnp.float32)
+    lengths, costs = (1, 2, 4, 8), jnp.asarray([1.0, 1.2, 1.5, 1.8])
     num = jnp.asarray([7, 7], jnp.int32)
 
     def expected(c, n, length):  # 1 + sum over k < length of P(the first k accepted)
         return 1 + sum(np.prod(c[:k]) for k in range(1, min(length - 1, n) + 1))
 
-    for active in ([True, False], [False, True], [True, True]):
-        act = np.asarray(active)
-        want = np.argmax(
-            [sum(expected(np.asarray(conf[b]), 7, n) for b in range(2) if act[b]) / c for n, c in zip(lengths, costs)]
-        )
-        got = int(choose_verify_length(conf, num, jnp.asarray(act), lengths, costs))
-        assert got == want
-    assert int(choose_verify_length(conf, num, jnp.asarray([True, False]), lengths, costs)) == 2  # 4 tokens
-    assert int(choose_verify_length(conf, num, jnp.asarray([False, True]), lengths, costs)) == 0  # plain step
+    want = [int(np.argmax([expected(np.asarray(conf[b]), 7, n) / c for n, c in zip(lengths, costs)])) for b in range(2)]
+    assert want == [2, 0]  # row 0: 4 tokens pay; row 1: a plain step
+    for active, batch in (([True, False], 2), ([False, True], 0), ([True, True], 2)):
+        index, rows = choose_verify_length(conf, num, jnp.asarray(active), lengths, costs)
+        assert int(index) == batch and rows.tolist() == [lengths[w] for w in want]  # a row's pick is its own
     # a short real draft caps the expectation: nothing past num_draft counts
-    assert int(choose_verify_length(jnp.ones((1, 7)), jnp.asarray([1]), jnp.asarray([True]), lengths, costs)) == 1
+    index, rows = choose_verify_length(jnp.ones((1, 7)), jnp.asarray([1]), jnp.asarray([True]), lengths, costs)
+    assert int(index) == 1 and rows.tolist() == [2]
 
 
 def _dflash(ck, bs=8):
@@ -83,10 +80,12 @@ def test_verify_lengths_are_checked(target):  # noqa: F811
         Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 4), verify_costs=(1, 2))
     auto = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths="auto")
     assert auto.verify_lengths == tuple(n for n in AUTO_VERIFY_LENGTHS if n <= 8)  # tests run on a CPU
-    # without costs they are measured on this machine, per shape: the shortest is the unit
+    # without costs they are measured on this machine, per shape (the shortest is the unit), and
+    # passed to the compiled loop as an argument: new timings never recompile it
     shape = auto.shape_for([5, 9], 16)
-    assert shape.verify_costs[0] == 1.0 and list(shape.verify_costs) == sorted(shape.verify_costs)
-    assert len(shape.verify_costs) == len(auto.verify_lengths) and auto.shape_for([5], 16) != shape
+    costs = auto.costs_for(shape).tolist()
+    assert costs[0] == 1.0 and costs == sorted(costs) and len(costs) == len(auto.verify_lengths)
+    assert "verify_costs" not in repr(shape) and auto.costs_for(shape).tolist() == costs  # kept per shape
 
 
 def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
@@ -186,3 +185,25 @@ def test_the_defaults_by_hardware(tiny_models):
     assert speculation_for("random", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
     assert speculation_for("none", ck, tok) is None
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
+
+
+def test_a_sampled_request_does_not_depend_on_its_batch(target):  # noqa: F811
+    """Each row picks its own verify length, so the rest of the batch never changes how much of
+    its draft is checked: the same prompt and seed give the same sampled tokens in any batch."""
+    ck, _ = target
+    prompts = _prompts(5)
+    step = NgramStep(block_size=8, confidence=((0.3, 0.6), (0.5, 0.8), (0.7, 0.9), (0.9, 0.95)))
+    dec = Decoder(
+        ck.params,
+        ck.cfg,
+        drafter=step,
+        sampling=Sampling(0.8),
+        verify_lengths=(1, 2, 4),
+        verify_costs=(1.0, 1.3, 1.7, 2.5),
+    )
+    alone = [dec.generate([prompts[0]], 30, seed=s)[0].token_ids for s in range(6)]
+    together = [
+        dec.generate([prompts[0], prompts[1], prompts[3]], 30, seed=[s, 100 + s, 200 + s])[0].token_ids
+        for s in range(6)
+    ]
+    assert alone == together
