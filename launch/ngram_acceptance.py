@@ -94,8 +94,10 @@ def main() -> None:
         rate = [right / tried if tried else 0.0 for tried, right in total[n]]
         later = sum(r for t, r in total[n][1:]) / max(sum(t for t, _ in total[n][1:]), 1)
         table[n] = (round(rate[0], 2), round(later, 2))
-        print(f"  matched n={n}: drafts {total[n][0][0]}, first {rate[0]:.2f}, later {later:.2f}, by offset "
-              f"{[round(x, 2) for x in rate[:8]]}")
+        print(
+            f"  matched n={n}: drafts {total[n][0][0]}, first {rate[0]:.2f}, later {later:.2f}, by offset "
+            f"{[round(x, 2) for x in rate[:8]]}"
+        )
 
     # 2. the policy against verifying the whole block, at these costs
     def policy(n, num):
