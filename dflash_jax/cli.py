@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts
@@ -85,12 +86,27 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
 
 
 def _verify_lengths(args):
+    """``--verify-lengths`` for ``Decoder``; the drafting flags are checked here too, before any model loads."""
+    names = ("auto", "none", "random", "ngram")
+    if args.drafter not in names and not Path(args.drafter).is_dir():
+        sys.exit(f"error: --drafter {args.drafter!r} is neither a drafter folder nor one of {', '.join(names)}")
+    if getattr(args, "block_size", None) is not None and min(np.atleast_1d(args.block_size)) < 2:
+        sys.exit("error: --block-size must be >= 2 (a drafter proposes block size - 1 tokens; --drafter none is plain)")
+    try:
+        NgramStep(args.ngram_max, args.ngram_min)
+    except ValueError as e:
+        sys.exit(f"error: --ngram-max / --ngram-min: {e}")
     if args.verify_lengths in ("auto", "full"):
         return None if args.verify_lengths == "full" else "auto"
     try:
-        return [int(x) for x in args.verify_lengths.split(",")]
+        lengths = [int(x) for x in args.verify_lengths.split(",")]
     except ValueError:
-        sys.exit(f"error: --verify-lengths takes auto, full or numbers such as 1,4,16; got {args.verify_lengths!r}")
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        sys.exit(
+            f"error: --verify-lengths takes auto, full or positive numbers such as 1,4,16; got {args.verify_lengths!r}"
+        )
+    return lengths
 
 
 def _speculation(args, ck, tok, spec=None):
@@ -378,7 +394,7 @@ def cmd_generate(args) -> None:
         sys.exit(f"error: {e}")
     kind = type(dec.drafter).__name__
     log(
-        f"drafter: {resolve_drafter(args.drafter, ck)}"
+        f"drafter: {args.drafter}"
         + (
             f" ({kind}), block size {dec.block_size}, verify lengths {dec.verify_lengths or dec.block_size}"
             if dec.drafter is not None
@@ -570,8 +586,13 @@ def cmd_bench(args) -> None:
     sampling, verify_lengths = _sampling(args), _verify_lengths(args)  # checked before the model loads
     ck, tok = _load(args)
     drafter_path = resolve_drafter(args.drafter, ck)
-    if drafter_path == "none":
-        sys.exit(f"error: no drafter shipped for target {args.target}: pass --drafter FOLDER")
+    if drafter_path in ("none", "ngram"):
+        sys.exit(
+            f"error: bench compares a DFlash drafter with prompt lookup (its 'ngram' row) and plain decoding; "
+            f"pass --drafter FOLDER or random (no drafter is shipped for {args.target})"
+            if drafter_path == "none"
+            else "error: bench measures prompt lookup in its own 'ngram' row; pass a DFlash --drafter (or auto)"
+        )
     drafter = drafter_for(drafter_path, ck, tok)
     blocks = args.block_size or [drafter[1].block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified

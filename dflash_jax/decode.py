@@ -250,7 +250,9 @@ def decode_loop(
         k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
         q, conf, num_valid = None, None, verify_size - 1  # draft offsets 1 .. num_valid can be accepted
         if drafter is not None:
-            args = (drafter_params, target_params, dcache, block[:, 0], s.start, verify_size, bs)
+            # a finished (or padding) row drafts nothing: block_valid 1 (the anchor alone) lets a step skip it
+            valid = jnp.where(active, verify_size, 1)
+            args = (drafter_params, target_params, dcache, block[:, 0], s.start, valid, bs)
             if sampling.greedy:
                 draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
             else:
@@ -419,7 +421,8 @@ class Decoder:
         self._measure = verify_costs in (None, "measure") and len(lengths) > 1
         if verify_costs in (None, "measure"):
             verify_costs = [1.0] * len(lengths)  # replaced by the measured costs of each shape
-        if len(verify_costs) != len(lengths) or min(verify_costs) <= 0:
+        verify_costs = [float(c) for c in np.asarray(verify_costs, np.float64).ravel()]
+        if len(verify_costs) != len(lengths) or not all(0 < c < float("inf") for c in verify_costs):
             raise ValueError(
                 f"verify_costs {list(verify_costs)} must give one positive cost per verify length {lengths}"
             )

@@ -231,7 +231,8 @@ class HybridStep:
         def run_drafter():
             return self.dflash.logits(params, target_params, cache, anchor, start, block_valid, block_len)
 
-        logits = jax.lax.cond(jnp.all(use), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
+        idle = use | (block_valid <= 1)  # rows that need no drafter: an n-gram match, or finished / padding
+        logits = jax.lax.cond(jnp.all(idle), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
         if conf_ng is None:
             conf_ng = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
         return ng, ng_num, use, logits, conf_ng

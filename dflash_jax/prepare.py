@@ -122,7 +122,7 @@ def prepare(
         "chat": True,
         "num_prompts": len(prompts),
         "target": ck.identity,
-        "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest(),
+        "prompts_sha256": json_sha256([p.text for p in prompts]),
     }
     key = json_sha256(settings)
     index_path = out / "meta.json"
@@ -132,7 +132,10 @@ def prepare(
             old = json.loads(index_path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError):
             raise DataError(f"{index_path} exists but is not a dflash-jax data index; choose another --out") from None
-        if not isinstance(old, dict) or old.get("settings") != settings:
+        legacy = {**settings, "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
+        if isinstance(old, dict) and old.get("settings") == legacy:  # written before prompts were hashed as a list
+            settings, key = legacy, json_sha256(legacy)
+        elif not isinstance(old, dict) or old.get("settings") != settings:
             raise DataError(f"{out} holds data prepared from other prompts or settings; choose another --out")
         indexed = old.get("shards") or []
     n_shards = -(-len(prompts) // shard_size)

@@ -218,7 +218,8 @@ class Trainer:
     def _restore(self):
         """Continue from the newest checkpoint that restores; a damaged newer one (a kill or a full
         disk while it was written) is skipped with a line saying which and why, as orbax-based
-        trainers do after preemption, and removed once an older one has restored.
+        trainers do after preemption, and moved aside (``out_dir/ckpt.unrestorable-<step>``, never
+        deleted: a transient read error must not cost a good checkpoint) once an older one has restored.
 
         Raises:
           CheckpointError: the checkpoints are another run's (nothing is changed), or none restores.
@@ -229,9 +230,11 @@ class Trainer:
                 meta = self.ckpt.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
                 self._check_same_run(meta)
                 self._restore_state(step, meta)
-                for bad in steps[:k]:  # training past them saves those steps anew
-                    self.ckpt.delete(bad)
-                    self.log(f"removed the damaged checkpoint step {bad}")
+                for bad in steps[:k]:  # moved aside, not deleted: training past them saves those steps anew
+                    aside = self.out / f"ckpt.unrestorable-{bad}"
+                    os.replace(self.out / "ckpt" / str(bad), aside)
+                    self.log(f"moved the checkpoint of step {bad}, which did not restore, to {aside}")
+                self.ckpt.reload()
                 return
             except CheckpointError:
                 raise

@@ -9,6 +9,7 @@ object through ``json_sha256``, so that each rule lives in one place.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -148,7 +149,7 @@ def remove_stale_scratch(out: str | os.PathLike) -> list[Path]:
     out = Path(out)
     removed = []
     for role in ("partial", "old"):
-        for folder in out.parent.glob(f".{out.name}{_SCRATCH.format(role=role)}*"):
+        for folder in out.parent.glob(f".{glob.escape(out.name)}{_SCRATCH.format(role=role)}*"):
             owner = _scratch_owner(folder)
             if owner is not None and owner[0] == socket.gethostname() and not _alive(owner[1]):
                 shutil.rmtree(folder, ignore_errors=True)
@@ -270,6 +271,11 @@ def read_safetensors(
                         if not ignore(name):
                             unused.append(name)
                         continue
+                    if name in found:
+                        raise CheckpointError(
+                            f"tensor {name} is in more than one of {', '.join(map(str, files))}; "
+                            "keep one copy (or list the files in model.safetensors.index.json)"
+                        )
                     ours, transpose = names[name]
                     arr = np.asarray(f.get_tensor(name))
                     if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":

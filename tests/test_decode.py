@@ -105,5 +105,5 @@ def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys
         main([*base, *extra, "--json"])
         outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 12
-    with pytest.raises(SystemExit, match="--verify-lengths takes auto, full or numbers"):
+    with pytest.raises(SystemExit, match="--verify-lengths takes auto, full or positive numbers"):
         main([*base, "--verify-lengths", "four"])
