@@ -89,7 +89,7 @@ def _verify_lengths(args):
     """``--verify-lengths`` for ``Decoder``; the drafting flags are checked here too, before any model loads."""
     names = ("auto", "none", "random", "ngram")
     if args.drafter not in names and not Path(args.drafter).is_dir():
-        sys.exit(f"error: --drafter {args.drafter!r} is neither a drafter folder nor one of {', '.join(names)}")
+        sys.exit(f"error: --drafter {args.drafter} does not exist (give a drafter folder or one of {', '.join(names)})")
     if getattr(args, "block_size", None) is not None and min(np.atleast_1d(args.block_size)) < 2:
         sys.exit("error: --block-size must be >= 2 (a drafter proposes block size - 1 tokens; --drafter none is plain)")
     try:
