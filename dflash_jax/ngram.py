@@ -235,24 +235,19 @@ class HybridStep:
         logits = jax.lax.cond(jnp.all(idle), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
         if conf_ng is None:
             conf_ng = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
-        return ng, ng_num, use, logits, conf_ng
+        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
+        return ng, use, logits, jnp.where(use, ng_num, k), conf
 
     def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
-        ng, ng_num, use, logits, conf_ng = self._choose(
+        ng, use, logits, num, conf = self._choose(
             params, target_params, cache, anchor, start, block_valid, block_len, tokens
         )
-        k = block_len - 1
-        draft = jnp.where(use[:, None], ng, jnp.argmax(logits, -1).astype(jnp.int32))
-        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
-        return draft, jnp.where(use, ng_num, k), conf
+        return jnp.where(use[:, None], ng, jnp.argmax(logits, -1).astype(jnp.int32)), num, conf
 
     def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows."""
-        ng, ng_num, use, logits, conf_ng = self._choose(
+        ng, use, logits, num, conf = self._choose(
             params, target_params, cache, anchor, start, block_valid, block_len, tokens
         )
-        k = block_len - 1
-        out = jnp.where(use[:, None, None], _point_mass(ng, target_params), logits)
-        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
-        return out, jnp.where(use, ng_num, k), conf
+        return jnp.where(use[:, None, None], _point_mass(ng, target_params), logits), num, conf
