@@ -65,9 +65,7 @@ TOKENIZER_FILES = (
 
 def config_hash(cfg: TargetConfig) -> str:
     """Hash of everything that fixes the model's function (not its compute dtype)."""
-    fields = dataclasses.asdict(cfg)
-    fields.pop("dtype")
-    return json_sha256(fields)
+    return json_sha256(cfg.hash_fields())
 
 
 def tokenizer_hash(folder: Path) -> str:

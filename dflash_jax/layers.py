@@ -1,4 +1,4 @@
-"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU, attention.
+"""Building blocks shared by the target and the drafter: RMSNorm, RoPE (plain, Llama 3, YaRN), SwiGLU, attention.
 
 All parameters are created with logical axis names (see ``sharding.py``); all
 matmuls run in the module's compute ``dtype`` with float32 master weights cast
@@ -69,11 +69,50 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> n
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
-    """Rotate ``x`` ``[B, T, N, D]`` by absolute ``positions`` ``[B, T]`` (HF ``rotate_half``)."""
+def yarn_inv_freq(head_dim: int, theta: float, yarn: dict) -> tuple[np.ndarray, float]:
+    """YaRN RoPE (arXiv:2309.00071): inverse frequencies float32 ``[head_dim // 2]`` and the cos/sin scale.
+
+    ``yarn`` holds ``factor``, ``original_max_position_embeddings`` and optionally ``beta_fast``
+    (32), ``beta_slow`` (1), ``truncate`` (1.0 = true), ``attention_factor``, ``mscale``,
+    ``mscale_all_dim``, with the meanings and defaults of the ``yarn`` rope type in transformers'
+    ``modeling_rope_utils`` (gpt-oss: factor 32, betas 32 / 1, not truncated).
+    """
+    factor, old_ctx = float(yarn["factor"]), float(yarn["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    scale = yarn.get("attention_factor")
+    if scale is None:
+        m, m_all = yarn.get("mscale"), yarn.get("mscale_all_dim")
+        scale = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(float(yarn.get("beta_fast") or 32)), correction_dim(float(yarn.get("beta_slow") or 1))
+    if yarn.get("truncate", 1.0):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    pos_freqs = (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim)).astype(np.float32)
+    extrapolate = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv.astype(np.float32), float(scale)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, scale: float = 1.0) -> Array:
+    """Rotate ``x`` ``[B, T, N, D]`` by absolute ``positions`` ``[B, T]`` (HF ``rotate_half``).
+
+    ``scale`` multiplies cos and sin (YaRN's attention factor; 1 for plain and Llama 3 RoPE)."""
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -97,13 +136,15 @@ class SwiGLU(nn.Module):
         return h @ down
 
 
-def attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
+def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None) -> Array:
     """Grouped-query softmax attention.
 
     Args:
       q: ``[B, T, H, D]`` queries (already scaled by nothing; ``1/sqrt(D)`` applied here).
       k, v: ``[B, S, KV, D]`` keys and values, ``H % KV == 0``.
       mask: bool, broadcastable to ``[B, T, S]``; True where the query may see the key.
+      sinks: optional ``[H]`` attention-sink logits (gpt-oss): one extra key per head that every
+        query sees, with no value; it joins the softmax's denominator and is then dropped.
 
     Returns:
       ``[B, T, H, D]`` in ``q.dtype``; logits and softmax in float32.
@@ -114,6 +155,11 @@ def attend(q: Array, k: Array, v: Array, mask: Array) -> Array:
     logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
     logits = logits * (1.0 / math.sqrt(d))
     logits = jnp.where(mask[:, None, None, :, :], logits, MASK_VALUE)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    if sinks is None:
+        probs = jax.nn.softmax(logits, axis=-1)
+    else:
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, kv, h // kv, 1, 1), (*logits.shape[:-1], 1))
+        probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+    probs = probs.astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d)

@@ -1,8 +1,10 @@
-"""The target model: a Llama / Qwen2 / Qwen3 decoder in Flax linen, with an explicit KV cache.
+"""The target model in Flax linen, with an explicit KV cache: Llama, Qwen2, Qwen3 (dense),
+Qwen3-MoE and gpt-oss (mixture of experts).
 
-Read top to bottom: ``TargetConfig`` (from a Hugging Face ``config.json``),
-``Attention``, ``DecoderLayer``, ``Target``, then the KV-cache and parameter helpers and
-the Hugging Face weight-name map (``hf_param_names``).
+Read top to bottom: ``MoEConfig`` and ``TargetConfig`` (from a Hugging Face ``config.json``),
+``Attention`` (grouped-query; sliding window and attention sinks for gpt-oss), ``MoE`` (router
+and experts as one grouped matmul), ``DecoderLayer``, ``Target``, then the KV-cache and
+parameter helpers and the Hugging Face weight-name map (``hf_param_names``).
 
 KV cache convention: one ``(k, v)`` pair per layer, each ``[B, S, KV, D]`` with a
 static maximum length ``S``; the cache slot of a token **is** its absolute
@@ -22,15 +24,46 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from dflash_jax.errors import ConfigError
-from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
+from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq, yarn_inv_freq
 
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """The mixture-of-experts MLP of a target (static, hashable).
+
+    ``router``: ``"softmax_topk"`` (Qwen3-MoE: softmax over all experts, then the top k, renormalised
+    when ``norm_topk_prob``) or ``"topk_softmax"`` (gpt-oss: top k of the biased router logits, then a
+    softmax over those k). ``expert_mlp``: ``"swiglu"`` (Qwen3-MoE: ``down(silu(gate) * up)``, no
+    biases) or ``"clamped_swiglu"`` (gpt-oss: gate and up interleaved in one ``gate_up`` projection,
+    ``gate`` clamped above at ``swiglu_limit``, ``up`` to ``+-swiglu_limit``,
+    ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``, biased). ``layers``: the decoder layers that
+    use experts (the others keep the dense SwiGLU of ``intermediate_size``).
+    """
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int
+    layers: tuple[int, ...]
+    router: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    router_bias: bool = False
+    expert_mlp: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+
+# Fields added after format 1: they enter a checkpoint's config hash only when they differ from
+# their default, so targets converted before they existed keep their identity.
+_LATER_FIELDS = ("layer_types", "sliding_window", "attention_sinks", "yarn", "moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +87,27 @@ class TargetConfig:
     qk_norm: bool = False
     max_position_embeddings: int = 4096
     dtype: str = "float32"  # compute dtype; parameters stay as loaded
+    layer_types: tuple[str, ...] = ()  # per layer "full_attention" / "sliding_attention"; () = all full
+    sliding_window: int = 0  # a sliding layer's query sees the keys at positions > its own - window
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head (``layers.attend``)
+    yarn: tuple[tuple[str, float], ...] | None = None  # YaRN RoPE parameters, sorted items
+    moe: MoEConfig | None = None
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def is_moe(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.layers
+
+    def hash_fields(self) -> dict[str, Any]:
+        """The fields that fix the model's function (not the compute dtype), for identity hashes."""
+        fields = dataclasses.asdict(self)
+        fields.pop("dtype")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in _LATER_FIELDS:
+            if getattr(self, name) == defaults[name]:
+                fields.pop(name)
+        return fields
 
     @property
     def compute_dtype(self):
@@ -98,9 +152,12 @@ class TargetConfig:
     def _from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
         """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
 
+        Defaults for fields a config may leave out are those of transformers' config class of the
+        family (``Qwen3MoeConfig``, ``GptOssConfig``, ...).
+
         Raises:
           ConfigError: unknown ``model_type``, or a feature we do not implement
-            (sliding-window attention, an unknown ``rope_scaling`` type, a non-SiLU
+            (sliding-window attention outside gpt-oss, an unknown ``rope_scaling`` type, a non-SiLU
             activation, MLP biases, partial rotary embeddings), each named.
         """
         family = hf.get("model_type")
@@ -108,65 +165,133 @@ class TargetConfig:
             raise ConfigError(
                 f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
             )
+        gpt_oss = family == "gpt_oss"
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
         if hf.get("mlp_bias", False):
             raise ConfigError("mlp_bias=true is not supported")
-        if family in ("qwen2", "qwen3") and hf.get("use_sliding_window", False):
+        if family.startswith("qwen") and hf.get("use_sliding_window", False):
             raise ConfigError(
-                f"{family} config has use_sliding_window=true; sliding-window attention in the target "
+                f"{family} config has use_sliding_window=true; sliding-window attention in this target "
                 "is not implemented (set it to false only if the model never runs past its window)"
             )
-        layer_types = hf.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise ConfigError(f"layer_types {sorted(set(layer_types))} not supported; only 'full_attention'")
+        num_layers = int(hf["num_hidden_layers"])
+        layer_types = tuple(hf.get("layer_types") or ())
+        if gpt_oss and not layer_types:  # GptOssConfig's default: sliding, full, sliding, ...
+            layer_types = tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers))
+        allowed = {"full_attention", "sliding_attention"} if gpt_oss else {"full_attention"}
+        if set(layer_types) - allowed:
+            raise ConfigError(
+                f"layer_types {sorted(set(layer_types))} not supported for {family}; only {sorted(allowed)}"
+            )
+        if layer_types and len(layer_types) != num_layers:
+            raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
+        if "sliding_attention" not in layer_types:
+            layer_types = ()
         rope = dict(hf.get("rope_parameters") or {})
         legacy = hf.get("rope_scaling")
         if legacy:
             rope.update(legacy)
-        theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        if gpt_oss and not rope.get("rope_type", rope.get("type")):  # GptOssConfig's default
+            rope.update(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+            rope.setdefault("original_max_position_embeddings", 4096)
+        theta = float(rope.get("rope_theta", hf.get("rope_theta", 150000.0 if gpt_oss else 10000.0)))
         if legacy and "rope_type" not in legacy and "type" not in legacy:
-            raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3'")
+            raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ConfigError("partial_rotary_factor != 1 is not supported")
-        scaling = None
+        scaling = yarn = None
         if rope_type == "llama3":
             keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
             missing = [k for k in keys if k not in rope]
             if missing:
                 raise ConfigError(f"llama3 rope scaling is missing {missing}")
             scaling = tuple(sorted((k, float(rope[k])) for k in keys))
+        elif rope_type == "yarn":
+            if "factor" not in rope or "original_max_position_embeddings" not in rope:
+                raise ConfigError("yarn rope scaling needs 'factor' and 'original_max_position_embeddings'")
+            keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate")
+            keys += ("attention_factor", "mscale", "mscale_all_dim")
+            yarn = tuple(sorted((k, float(rope[k])) for k in keys if rope.get(k) is not None))
         elif rope_type != "default":
-            raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3'")
+            raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
         heads = int(hf["num_attention_heads"])
-        head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
-        bias = bool(hf.get("attention_bias", False))
+        head_dim = int(hf.get("head_dim") or (64 if gpt_oss else hf["hidden_size"] // heads))
+        bias = bool(hf.get("attention_bias", gpt_oss))
+        moe = None
+        if family == "qwen3_moe":
+            experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
+            skip, step = set(hf.get("mlp_only_layers") or ()), int(hf.get("decoder_sparse_step", 1))
+            layers = tuple(i for i in range(num_layers) if i not in skip and experts > 0 and (i + 1) % step == 0)
+            moe = MoEConfig(
+                num_experts=experts,
+                experts_per_token=int(hf.get("num_experts_per_tok", 8)),
+                intermediate_size=int(hf.get("moe_intermediate_size", 768)),
+                layers=layers,
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            )
+        elif gpt_oss:
+            moe = MoEConfig(
+                num_experts=int(hf.get("num_local_experts", hf.get("num_experts", 128))),
+                experts_per_token=int(hf.get("num_experts_per_tok", 4)),
+                intermediate_size=int(hf.get("intermediate_size", 2880)),
+                layers=tuple(range(num_layers)),
+                router="topk_softmax",
+                router_bias=True,
+                expert_mlp="clamped_swiglu",
+                swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+                swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+            )
+        if moe is not None and moe.layers and not 1 <= moe.experts_per_token <= moe.num_experts:
+            raise ConfigError(
+                f"num_experts_per_tok ({moe.experts_per_token}) must be between 1 and the number of experts "
+                f"({moe.num_experts})"
+            )
+        if moe is not None and not moe.layers:
+            moe = None
         return cls(
             family=family,
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
-            intermediate_size=int(hf["intermediate_size"]),
-            num_layers=int(hf["num_hidden_layers"]),
+            intermediate_size=int(hf.get("intermediate_size", 2880)) if gpt_oss else int(hf["intermediate_size"]),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or heads),
             head_dim=head_dim,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5 if gpt_oss else 1e-6)),
             rope_theta=theta,
             rope_scaling=scaling,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if family == "qwen2" else bias,
-            o_bias=bias if family == "llama" else False,
-            qk_norm=family == "qwen3",
+            o_bias=False if family == "qwen2" else bias,  # Qwen2 biases q, k, v only
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             dtype=dtype,
+            layer_types=layer_types,
+            sliding_window=int(hf.get("sliding_window") or 128) if layer_types else 0,
+            attention_sinks=gpt_oss,
+            yarn=yarn,
+            moe=moe,
         )
 
 
+def rope_tables(cfg: TargetConfig) -> tuple[np.ndarray, float]:
+    """The target's RoPE: inverse frequencies ``[head_dim // 2]`` and the cos/sin scale (1 but for YaRN)."""
+    if cfg.yarn is not None:
+        return yarn_inv_freq(cfg.head_dim, cfg.rope_theta, dict(cfg.yarn))
+    return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
+
+
 class Attention(nn.Module):
-    """Causal grouped-query self-attention over a block, on top of an optional KV cache."""
+    """Causal grouped-query self-attention over a block, on top of an optional KV cache.
+
+    ``sliding``: the query at position p sees only keys at positions > p - ``cfg.sliding_window``
+    (transformers' ``sliding_window_overlay``); with ``cfg.attention_sinks`` each head has a learned
+    sink logit (gpt-oss)."""
 
     cfg: TargetConfig
+    sliding: bool = False
 
     @nn.compact
     def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None):
@@ -184,8 +309,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, "head_dim", name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, "head_dim", name="k_norm")(k)
-        inv_freq = rope_inv_freq(hd, cfg.rope_theta, cfg.rope_scaling_dict)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        inv_freq, scale = rope_tables(cfg)
+        q, k = apply_rope(q, positions, inv_freq, scale), apply_rope(k, positions, inv_freq, scale)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
 
         if cache is None:  # plain causal forward over the block itself
@@ -199,22 +324,91 @@ class Attention(nn.Module):
             key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
             new_cache = (keys, values)
         mask = key_pos[:, None, :] <= positions[:, :, None]
-        out = attend(q, keys.astype(dt), values.astype(dt), mask).reshape(*x.shape[:2], h * hd)
+        if self.sliding:
+            mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
+        sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
+        out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks).reshape(*x.shape[:2], h * hd)
         out = out @ param(self, "o_proj", (h * hd, d), ("heads", "embed")).astype(dt)
         if cfg.o_bias:
             out = out + param(self, "o_bias", (d,), ("embed",), zeros).astype(dt)
         return out, new_cache
 
 
+class MoE(nn.Module):
+    """Mixture-of-experts MLP: route each token to ``experts_per_token`` experts, sum their outputs
+    weighted by the router (Qwen3-MoE's ``Qwen3MoeSparseMoeBlock``, gpt-oss's ``GptOssMLP``).
+
+    The experts run as one grouped matmul: the (token, choice) pairs are sorted by expert and
+    ``jax.lax.ragged_dot`` multiplies each expert's rows by its weights, so the activations are
+    ``[tokens * k, width]``, never ``[tokens, experts, width]``. (XLA lowers ``ragged_dot`` to a
+    grouped GEMM on accelerators; its CPU backend expands it to a masked dense product, which costs
+    ``experts`` times the FLOPs: fine for tests' few experts, not for a 128-expert model on CPU.)
+    Parameters: ``router`` ``[d, E]`` (+ ``router_bias`` ``[E]``), ``gate_up`` ``[E, d, 2F]``
+    (Qwen3-MoE: ``[gate | up]`` halves; gpt-oss: interleaved, as stored), ``down`` ``[E, F, d]``
+    (+ ``gate_up_bias`` ``[E, 2F]``, ``down_bias`` ``[E, d]`` for gpt-oss); the expert axis carries
+    the logical name ``expert``.
+    """
+
+    cfg: TargetConfig
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        moe, dt = self.cfg.moe, self.cfg.compute_dtype
+        d, e, f, k = self.cfg.hidden_size, moe.num_experts, moe.intermediate_size, moe.experts_per_token
+        zeros = nn.initializers.zeros
+        biased = moe.expert_mlp == "clamped_swiglu"
+        tokens = x.reshape(-1, d)  # [N, d]
+        logits = jnp.matmul(
+            tokens, param(self, "router", (d, e), ("embed", None)).astype(dt), preferred_element_type=jnp.float32
+        )
+        if moe.router_bias:
+            logits = logits + param(self, "router_bias", (e,), (None,), zeros)
+        if moe.router == "softmax_topk":
+            weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+            if moe.norm_topk_prob:
+                weights = weights / weights.sum(-1, keepdims=True)
+        else:  # "topk_softmax"
+            top, experts = jax.lax.top_k(logits, k)
+            weights = jax.nn.softmax(top, axis=-1)
+        weights = weights.astype(dt)  # as transformers: the routing weights in the compute dtype
+
+        flat = experts.reshape(-1)  # [N * k], choice j of token n at n * k + j
+        order = jnp.argsort(flat, stable=True)
+        rows = tokens[order // k]  # [N * k, d], grouped by expert
+        sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+        chosen = flat[order]
+        gate_up = param(self, "gate_up", (e, d, 2 * f), ("expert", "embed", "mlp")).astype(dt)
+        h = jax.lax.ragged_dot(rows, gate_up, sizes)  # [N * k, 2F]
+        if biased:
+            h = h + param(self, "gate_up_bias", (e, 2 * f), ("expert", "mlp"), zeros).astype(dt)[chosen]
+            gate, up = h[:, ::2], h[:, 1::2]
+            gate = jnp.minimum(gate, moe.swiglu_limit)
+            up = jnp.clip(up, -moe.swiglu_limit, moe.swiglu_limit)
+            h = (up + 1) * (gate * jax.nn.sigmoid(gate * moe.swiglu_alpha))
+        else:
+            h = nn.silu(h[:, :f]) * h[:, f:]
+        out = jax.lax.ragged_dot(h, param(self, "down", (e, f, d), ("expert", "mlp", "embed")).astype(dt), sizes)
+        if biased:
+            out = out + param(self, "down_bias", (e, d), ("expert", "embed"), zeros).astype(dt)[chosen]
+        out = out * weights.reshape(-1)[order][:, None]
+        combined = jnp.zeros_like(tokens).at[order // k].add(out)
+        return combined.reshape(x.shape)
+
+
 class DecoderLayer(nn.Module):
     cfg: TargetConfig
+    layer: int = 0
 
     @nn.compact
     def __call__(self, x, positions, cache):
         cfg = self.cfg
-        attn, cache = Attention(cfg, name="attn")(RMSNorm(cfg.rms_norm_eps, name="input_norm")(x), positions, cache)
+        attention = Attention(cfg, cfg.is_sliding(self.layer), name="attn")
+        attn, cache = attention(RMSNorm(cfg.rms_norm_eps, name="input_norm")(x), positions, cache)
         x = x + attn
-        mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, name="mlp")
+        if cfg.is_moe(self.layer):
+            mlp = MoE(cfg, name="moe")
+        else:
+            mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, name="mlp")
         x = x + mlp(RMSNorm(cfg.rms_norm_eps, name="post_attn_norm")(x))
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed")), cache
 
@@ -241,7 +435,7 @@ class Target(nn.Module):
         self.embedding = param(self, "embedding", (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
         if not cfg.tie_word_embeddings:
             self.lm_head = param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
-        self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = RMSNorm(cfg.rms_norm_eps)
 
     def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, tap_layers: Sequence[int] = ()):
@@ -305,12 +499,16 @@ def param_logical_specs(cfg: TargetConfig):
 # ----------------------------------------------------------------------------- Hugging Face names
 
 
-def hf_param_names(cfg: TargetConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
-    """Map each HF tensor name to (our param path, transpose?): PyTorch ``Linear`` weights are ``[out, in]``.
+def hf_param_names(cfg: TargetConfig) -> dict[str, tuple]:
+    """Map each HF tensor name to (our param path, transpose?[, piece]): PyTorch ``Linear`` weights are
+    ``[out, in]``. ``piece``, where present, is the index (ints and slices) of the part of our parameter
+    the tensor fills: Qwen3-MoE stores each expert's ``gate_proj`` / ``up_proj`` / ``down_proj`` as
+    its own tensor, which we stack into ``gate_up`` ``[E, d, 2F]`` and ``down`` ``[E, F, d]``;
+    gpt-oss stores them stacked already, ``[in, out]``.
 
     The one place that names this module's parameters in Hugging Face's convention
     (``checkpoint.load_hf_params`` reads through it)."""
-    names: dict[str, tuple[tuple[str, ...], bool]] = {"model.embed_tokens.weight": (("embedding",), False)}
+    names: dict[str, tuple] = {"model.embed_tokens.weight": (("embedding",), False)}
     names["model.norm.weight"] = (("final_norm", "scale"), False)
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (("lm_head",), True)
@@ -326,8 +524,26 @@ def hf_param_names(cfg: TargetConfig) -> dict[str, tuple[tuple[str, ...], bool]]
         if cfg.qk_norm:
             names[f"{hf}self_attn.q_norm.weight"] = ((*ours, "attn", "q_norm", "scale"), False)
             names[f"{hf}self_attn.k_norm.weight"] = ((*ours, "attn", "k_norm", "scale"), False)
-        for p in ("gate", "up", "down"):
-            names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
+        if cfg.attention_sinks:
+            names[f"{hf}self_attn.sinks"] = ((*ours, "attn", "sinks"), False)
+        if not cfg.is_moe(i):
+            for p in ("gate", "up", "down"):
+                names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
+        elif cfg.family == "gpt_oss":
+            moe = (*ours, "moe")
+            names[f"{hf}mlp.router.weight"] = ((*moe, "router"), True)
+            names[f"{hf}mlp.router.bias"] = ((*moe, "router_bias"), False)
+            for p in ("gate_up", "down"):
+                names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
+                names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
+        else:  # qwen3_moe: one tensor per expert and projection
+            moe, f, whole = (*ours, "moe"), cfg.moe.intermediate_size, slice(None)
+            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
+            for j in range(cfg.moe.num_experts):
+                expert = f"{hf}mlp.experts.{j}."
+                names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
+                names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
+                names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
         names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
         names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
     return names

@@ -247,9 +247,12 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
 
 
 def read_safetensors(
-    files, names: dict[str, tuple[tuple[str, ...], bool]], expected=None, ignore=lambda name: False
+    files, names: dict[str, tuple], expected=None, ignore=lambda name: False
 ) -> tuple[dict, list[str]]:
-    """Read the tensors ``names`` maps (safetensors name -> (pytree path, transpose?)) from ``files``.
+    """Read the tensors ``names`` maps (safetensors name -> (pytree path, transpose?[, piece])) from ``files``.
+
+    ``piece`` (ints and slices, needs ``expected``): the tensor fills that part of the leaf, as
+    ``leaf[piece] = tensor``; the pieces mapped to one leaf must tile it (each is required).
 
     Returns ``(params, unused)``: a nested dict of float32 numpy arrays (transposed where asked),
     and the names present in the files that ``names`` does not map and ``ignore`` does not excuse,
@@ -276,7 +279,7 @@ def read_safetensors(
                             f"tensor {name} is in more than one of {', '.join(map(str, files))}; "
                             "keep one copy (or list the files in model.safetensors.index.json)"
                         )
-                    ours, transpose = names[name]
+                    ours, transpose, *piece = names[name]
                     arr = np.asarray(f.get_tensor(name))
                     if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
                         raise CheckpointError(
@@ -290,6 +293,9 @@ def read_safetensors(
                         for k in ours:
                             want = want[k]
                         want = getattr(want, "shape", want)
+                        leaf_shape = tuple(want)
+                        if piece:
+                            want = np.broadcast_to(np.empty((), np.bool_), leaf_shape)[piece[0]].shape  # no memory
                         if tuple(arr.shape) != tuple(want):
                             shape, want = (arr.T.shape, tuple(want)[::-1]) if transpose else (arr.shape, tuple(want))
                             raise CheckpointError(
@@ -299,7 +305,10 @@ def read_safetensors(
                     node = params
                     for k in ours[:-1]:
                         node = node.setdefault(k, {})
-                    node[ours[-1]] = arr
+                    if piece:
+                        node.setdefault(ours[-1], np.zeros(leaf_shape, np.float32))[piece[0]] = arr
+                    else:
+                        node[ours[-1]] = arr
                     found.add(name)
         except CheckpointError:
             raise

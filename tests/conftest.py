@@ -37,6 +37,12 @@ def tiny_models(tmp_path_factory):
         "llama": dict(rope_scaling=llama3, attention_bias=True),
         "qwen2": dict(),
         "qwen3": dict(tie_word_embeddings=True),
+        # mixture of experts: 8 experts, 2 per token; Qwen3-MoE with one dense layer between MoE layers,
+        # gpt-oss with sliding (window 8) and full layers, attention sinks, YaRN RoPE (its defaults)
+        "qwen3_moe": dict(
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]
+        ),
+        "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")

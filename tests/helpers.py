@@ -41,7 +41,7 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **overrides):
-    """Save a random tiny ``family`` model (llama/qwen2/qwen3) with a tokenizer to ``folder``.
+    """Save a random tiny ``family`` model (llama/qwen2/qwen3/qwen3_moe/gpt_oss) with a tokenizer to ``folder``.
 
     Weights are drawn with std 0.2 by default (not HF's 0.02) so logits are far from uniform
     and argmax ties are improbable. Returns the torch model (float32, eval mode).
@@ -50,13 +50,18 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
     import transformers
 
     kw = dict(TINY, **overrides)
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[
-        family
-    ]
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "gpt_oss": transformers.GptOssConfig,
+    }[family]
     tie = kw.pop("tie_word_embeddings", False)
     config = cls(**kw, tie_word_embeddings=tie)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    # eager attention: the one transformers implementation of gpt-oss's attention sinks on CPU
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from helpers import TINY, TINY_REL, assert_close, hf_logits
 
-from dflash_jax import checkpoint
+from dflash_jax import checkpoint, target
 from dflash_jax.errors import ConfigError
 from dflash_jax.target import Target, TargetConfig, init_cache
 
@@ -17,7 +17,10 @@ def _forward(ck, tokens, positions=None, cache=None, taps=()):
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers(tiny_models, family):
     hf, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
@@ -43,8 +46,10 @@ def test_taps_are_raw_layer_outputs(tiny_models):
     assert_close(np.asarray(feats)[..., d:], hs[3].numpy(), TINY_REL)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss"])
 def test_cached_blocks_equal_full_forward(tiny_models, family):
+    """Blocks on top of the cache give the full forward's logits (gpt-oss: sliding window 8, so
+    blocks see keys leave their window)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
@@ -64,8 +69,11 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
 
 
-def test_padding_changes_no_sequence(tiny_models):
-    _, _, path = tiny_models["qwen2"]
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss"])
+def test_padding_changes_no_sequence(tiny_models, family):
+    """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
+    on which tokens share an expert)."""
+    _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     rs = np.random.RandomState(4)
     lens = [5, 23, 12]
@@ -94,9 +102,13 @@ BASE = {
 @pytest.mark.parametrize(
     "patch, message",
     [
-        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+        ({"model_type": "mistral"}, "model_type 'mistral' is not supported; supported families: llama, qwen2, "),
         ({"use_sliding_window": True}, "use_sliding_window"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope type 'dynamic'"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn rope scaling needs"),
+        ({"layer_types": ["sliding_attention"]}, "layer_types .* not supported for qwen2"),
+        ({"model_type": "gpt_oss", "layer_types": ["full_attention"] * 2}, "layer_types has 2 entries"),
+        ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing"),
         ({"hidden_act": "gelu"}, "hidden_act"),
     ],
@@ -110,3 +122,17 @@ def test_config_reads_both_rope_layouts():
     old = TargetConfig.from_hf({**BASE, "rope_theta": 5e5})
     new = TargetConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
     assert old == new and old.rope_theta == 5e5 and old.qkv_bias
+
+
+def test_dense_config_hash_is_what_it_was():
+    """Fields added for mixture-of-experts targets enter the identity hash only when set, so dense
+    targets converted before them still load (their recorded hash is the old formula's)."""
+    import dataclasses
+
+    from dflash_jax.utils import json_sha256
+
+    cfg = TargetConfig.from_hf({**BASE, "model_type": "llama"})
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("dtype", *target._LATER_FIELDS)}
+    assert checkpoint.config_hash(cfg) == json_sha256(old)
+    moe = TargetConfig.from_hf({**BASE, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2})
+    assert "moe" in moe.hash_fields() and checkpoint.config_hash(moe) != checkpoint.config_hash(cfg)
