@@ -2,12 +2,14 @@
 
 Every parameter and every activation that matters is annotated with *logical*
 axis names (``"embed"``, ``"heads"``, ...). This module is the only place that
-names the physical mesh axes ``data``, ``fsdp`` and ``tensor``; everything else
-in the code base speaks logical names and asks this module for shardings.
+names the physical mesh axes ``data``, ``fsdp``, ``tensor`` and ``expert``; everything
+else in the code base speaks logical names and asks this module for shardings.
 
 The rules follow the usual FSDP + tensor-parallel layout (as in MaxText):
 the batch is split over ``data`` and ``fsdp``; weights are split over ``fsdp``
-along their embedding axis and over ``tensor`` along heads / MLP / vocabulary.
+along their embedding axis and over ``tensor`` along heads / MLP / vocabulary; a
+mixture-of-experts target's expert weights are split over ``expert`` along their expert
+axis (expert parallelism; everything else is replicated over it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dflash_jax.errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None for replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -41,25 +43,29 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
+    ("expert", "expert"),
     ("norm", None),
     ("taps", None),
 )
 
 
 def make_mesh(shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """Build a ``(data, fsdp, tensor)`` mesh.
+    """Build a ``(data, fsdp, tensor, expert)`` mesh.
 
     Args:
-      shape: three ints, the size of each mesh axis; their product must equal the
-        number of devices used.
+      shape: three ints (data, fsdp, tensor; expert parallelism 1) or four (data, fsdp, tensor,
+        expert), the size of each mesh axis; their product must not exceed the number of devices.
       devices: devices to use (default: ``jax.devices()``, the first ``prod(shape)``).
 
     Raises:
-      ConfigError: ``shape`` is not three positive ints, or there are too few devices.
+      ConfigError: ``shape`` is not three or four positive ints, or there are too few devices.
     """
     shape = tuple(int(s) for s in shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ConfigError(f"mesh shape must be three positive ints (data, fsdp, tensor), got {shape}")
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise ConfigError(
+            f"mesh shape must be three or four positive ints (data, fsdp, tensor[, expert]), got {shape}"
+        )
+    shape = shape + (1,) * (4 - len(shape))
     devices = list(jax.devices() if devices is None else devices)
     need = int(np.prod(shape))
     if need > len(devices):

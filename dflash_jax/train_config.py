@@ -101,8 +101,8 @@ def validate_config(c) -> None:
     need(is_int(c.get("seed")), "seed must be an integer")
     mesh = c.get("mesh", (1, 1, 1))
     need(
-        isinstance(mesh, (tuple, list)) and len(mesh) == 3 and all(is_int(x) and x >= 1 for x in mesh),
-        "mesh must be three positive integers (data, fsdp, tensor)",
+        isinstance(mesh, (tuple, list)) and len(mesh) in (3, 4) and all(is_int(x) and x >= 1 for x in mesh),
+        "mesh must be three or four positive integers (data, fsdp, tensor[, expert])",
     )
     need(is_int(c.get("data_shards", 0)) and c.get("data_shards", 0) >= 0, "data_shards must be an integer >= 0")
     need(isinstance(c.get("init_from", ""), str), "init_from must be a drafter folder path or ''")

@@ -1,0 +1,112 @@
+"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) in the decoder and on a mesh with an expert axis.
+
+Their parity with transformers (logits, cached blocks, padding) is in ``test_target.py``."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from helpers import TINY_REL, OracleDraft, assert_close, expected_rounds, oracle_params
+
+from dflash_jax import checkpoint
+from dflash_jax.decode import Decoder
+from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.sampling import Sampling
+from dflash_jax.sharding import axis_rules, make_mesh
+from dflash_jax.target import Target
+from dflash_jax.train_step import sharded_step, train_step
+
+MOE = ["qwen3_moe", "gpt_oss"]
+
+
+@pytest.fixture(scope="module", params=MOE)
+def moe_target(request, tiny_models):
+    _, _, path = tiny_models[request.param]
+    ck = checkpoint.load_target(path)
+    return path, ck, Decoder(ck.params, ck.cfg)
+
+
+def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target):
+    """An oracle drafter that is wrong at chosen positions: every round's acceptance is the one the
+    SPEC rule gives, the output is the plain greedy output, rows stop at a stop token and at the
+    length limit inside a block."""
+    _, ck, plain = moe_target
+    bs, rs = 6, np.random.RandomState(7)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11)]
+    greedy = [r.token_ids for r in plain.generate(prompts, 40)]
+    errors = [{len(p) + 3, len(p) + 4, len(p) + 12, len(p) + 20} for p in prompts]
+    stop = greedy[1][25]  # row 1 (at least) stops at this token; the others may too, or hit the limit
+    draft = OracleDraft(96, bs)
+    dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params(prompts, greedy, errors), draft))
+    want = plain.generate(prompts, 37, stop_token_ids=[stop])
+    got = dec.generate(prompts, 37, stop_token_ids=[stop])
+    for p, g, e, w, r in zip(prompts, greedy, errors, want, got):
+        assert r.token_ids == w.token_ids
+        assert r.acceptance_lengths == expected_rounds(len(p), g, e, bs, 37, stop_ids=(stop,))
+        assert any(1 < a < bs for a in r.acceptance_lengths)  # acceptance stopped mid-block
+    assert got[1].token_ids[-1] == stop and len(got[1].token_ids) <= 26
+
+
+def test_random_drafter_greedy_and_sampled(moe_target):
+    """A random DFlash drafter on an MoE target: greedy output equals plain decoding (most rounds
+    reject inside the block); sampled output, seed for seed, stays in the target's support and the
+    batch does not change a row."""
+    _, ck, plain = moe_target
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    drafter = (init_drafter_params(dcfg, seed=1), dcfg)
+    rs = np.random.RandomState(3)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (7, 30)]
+    spec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4)
+    for w, g in zip(plain.generate(prompts, 24), spec.generate(prompts, 24)):
+        assert g.token_ids == w.token_ids
+        assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
+    sampled = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4, sampling=Sampling(temperature=0.8))
+    batch = sampled.generate(prompts, 16, seed=[5, 6])
+    alone = sampled.generate(prompts[1:], 16, seed=[6])
+    assert batch[1].token_ids == alone[0].token_ids
+    assert all(len(r.token_ids) == 16 for r in batch)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (1, 2, 2, 2)])
+def test_expert_axis_mesh_gives_the_same_logits(moe_target, shape):
+    """Experts split over an ``expert`` mesh axis (with fsdp and tensor): the same logits as one device."""
+    path, ck, _ = moe_target
+    tokens = np.random.RandomState(1).randint(0, 96, (2, 24))
+    positions = np.broadcast_to(np.arange(24), tokens.shape)
+    model = Target(ck.cfg)
+
+    def logits(params, tokens, positions):
+        hidden, _, _ = model.apply({"params": params}, tokens, positions)
+        return model.apply({"params": params}, hidden, method="logits")
+
+    want = np.asarray(jax.jit(logits)(ck.params, tokens, positions))
+    mesh = make_mesh(shape)
+    sharded = checkpoint.load_target(path, mesh=mesh).params
+    gate_up = sharded["layers_0"]["moe"]["gate_up"]
+    assert gate_up.sharding.spec[0] == "expert" and len(gate_up.sharding.device_set) == 8
+    with axis_rules(), jax.set_mesh(mesh):
+        got = np.asarray(jax.jit(logits)(sharded, tokens, positions))
+    assert_close(got, want, TINY_REL)
+
+
+def test_expert_axis_mesh_gives_the_same_training_loss(moe_target):
+    """The drafter's training step on an MoE target over (data 2, fsdp 1, tensor 2, expert 2) equals one device."""
+    path, ck, _ = moe_target
+    rs = np.random.RandomState(0)
+    batch = {
+        "tokens": rs.randint(4, 96, (1, 4, 32)).astype(np.int32),
+        "loss_mask": np.broadcast_to(np.arange(32) >= 8, (1, 4, 32)).copy(),
+    }
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    opt = optax.sgd(1.0)
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=6, gamma=4.0, anchor_chunk=3)
+    params = jax.tree.map(np.asarray, init_drafter_params(dcfg, seed=0))
+    rng = jax.random.PRNGKey(0)
+    _, _, want = jax.jit(lambda p, s: train_step(p, s, ck.params, batch, rng, **kw))(params, opt.init(params))
+    mesh = make_mesh((2, 1, 2, 2))
+    target = checkpoint.load_target(path, mesh=mesh).params
+    step, param_sh, batch_sh, opt_sh = sharded_step(mesh, params, target, **kw)
+    p, s = jax.device_put(params, param_sh), jax.device_put(opt.init(params), opt_sh)
+    _, _, got = step(p, s, target, jax.device_put(batch, batch_sh), rng)
+    np.testing.assert_allclose(float(got["loss"]), float(want["loss"]), rtol=1e-5)
+    assert float(want["loss"]) > 0
