@@ -62,9 +62,7 @@ def make_mesh(shape: Sequence[int] = (1, 1, 1), devices: Sequence[jax.Device] | 
     """
     shape = tuple(int(s) for s in shape)
     if len(shape) not in (3, 4) or min(shape) < 1:
-        raise ConfigError(
-            f"mesh shape must be three or four positive ints (data, fsdp, tensor[, expert]), got {shape}"
-        )
+        raise ConfigError(f"mesh shape must be three or four positive ints (data, fsdp, tensor[, expert]), got {shape}")
     shape = shape + (1,) * (4 - len(shape))
     devices = list(jax.devices() if devices is None else devices)
     need = int(np.prod(shape))

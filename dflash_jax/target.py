@@ -166,6 +166,14 @@ class TargetConfig:
                 f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
             )
         gpt_oss = family == "gpt_oss"
+        quant = hf.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+            raise ConfigError(
+                f"config.json has quantization_config (quant_method {method!r}): quantised weights are not "
+                "read; save a bfloat16 copy with transformers (for mxfp4: from_pretrained(..., "
+                "quantization_config=Mxfp4Config(dequantize=True)) then save_pretrained) and convert that"
+            )
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
         if hf.get("mlp_bias", False):

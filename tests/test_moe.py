@@ -110,3 +110,40 @@ def test_expert_axis_mesh_gives_the_same_training_loss(moe_target):
     _, _, got = step(p, s, target, jax.device_put(batch, batch_sh), rng)
     np.testing.assert_allclose(float(got["loss"]), float(want["loss"]), rtol=1e-5)
     assert float(want["loss"]) > 0
+
+
+def test_convert_generate_and_train_through_the_cli(tiny_models, tmp_path, capsys):
+    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept an MoE target."""
+    import json
+    from pathlib import Path
+
+    from helpers import make_hf_model
+
+    from dflash_jax import data, prepare
+    from dflash_jax.cli import main
+
+    hf_dir = tmp_path / "hf"
+    make_hf_model("gpt_oss", hf_dir, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8)
+    main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
+    ck = checkpoint.load_target(tmp_path / "ck")
+    assert ck.cfg.family == "gpt_oss" and ck.cfg.moe.num_experts == 4
+    records = []
+    for drafter in ("none", "random"):
+        args = ["generate", "--target", str(tmp_path / "ck"), "--prompt", "t10 t11 t12", "--max-new-tokens", "8"]
+        main([*args, "--drafter", drafter, "--verify-lengths", "full", "--json"])
+        records.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert records[0]["token_ids"] == records[1]["token_ids"] and len(records[0]["token_ids"]) == 8
+
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(4, 96, 6).tolist() for _ in range(24)]
+    seqs, lm = prepare.regenerate(Decoder(ck.params, ck.cfg), prompts, max_new_tokens=16, batch_size=24, progress=False)
+    folder = data.write_dataset(tmp_path / "data", seqs, lm, meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"]})
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "smollm2_135m.py")
+    overrides = [f"target={tmp_path / 'ck'}", f"data={folder}", f"out_dir={tmp_path / 'run'}", "drafter.num_layers=1"]
+    overrides += ["drafter.block_size=4", "train.max_len=32", "train.num_anchors=4", "train.anchor_chunk=4"]
+    overrides += ["train.batch_size=4", "train.steps=2", "eval.val_size=4", "eval.decode_prompts=0", "eval.every=2"]
+    main(["train", "--config", config, *overrides])
+    assert (tmp_path / "run" / "drafter" / "config.json").exists()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last = [s for s in steps if "loss" in s][-1]
+    assert last["step"] == 2 and np.isfinite(last["loss"])

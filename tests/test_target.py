@@ -109,6 +109,7 @@ BASE = {
         ({"layer_types": ["sliding_attention"]}, "layer_types .* not supported for qwen2"),
         ({"model_type": "gpt_oss", "layer_types": ["full_attention"] * 2}, "layer_types has 2 entries"),
         ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 5}, "num_experts_per_tok"),
+        ({"model_type": "gpt_oss", "quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "missing"),
         ({"hidden_act": "gelu"}, "hidden_act"),
     ],

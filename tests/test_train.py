@@ -929,3 +929,10 @@ def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
     (feats_dir / "meta.json").write_text(json.dumps({"format": "dflash-jax-features"}))
     with pytest.raises(data.DataError, match="other settings"):
         prepare.write_features(ds, ck, (1, 2), dtype="float32", progress=False)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "configs").glob("[!_]*.py")))
+def test_every_shipped_config_loads(name):
+    """Every config in configs/ passes validation (mesh shapes with an expert axis included)."""
+    c = load_config(str(ROOT / "configs" / f"{name}.py"), [])
+    assert len(c.mesh) in (3, 4) and c.train.steps > 0
