@@ -1,0 +1,76 @@
+"""First-compile and steady-state times of each target family at tiny shapes (random weights, CPU).
+
+For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss) a tiny random model is built with
+transformers (4 layers, width 64, 8 experts of 32 with 2 per token for the MoE ones), converted,
+and decoded: plain greedy (32 new tokens) and speculative with a random 1-layer drafter at block 4.
+The first call compiles the whole loop; the second one reuses it.
+
+    .venv/bin/python launch/compile_times.py [--out docs/bench/compile_times.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+VARIANTS = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/bench/compile_times.json")
+    args = ap.parse_args()
+    from helpers import make_hf_model
+
+    from dflash_jax import checkpoint
+    from dflash_jax.decode import Decoder
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+
+    rows = []
+    prompts = [list(range(4, 20)), list(range(30, 41))]
+    with tempfile.TemporaryDirectory() as tmp:
+        for family, kw in VARIANTS.items():
+            make_hf_model(family, Path(tmp) / family, **kw)
+            ck = checkpoint.load_target(checkpoint.convert_hf(Path(tmp) / family, Path(tmp) / f"{family}-ck"))
+            dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+            decoders = {
+                "plain": Decoder(ck.params, ck.cfg),
+                "dflash_b4": Decoder(ck.params, ck.cfg, drafter=(init_drafter_params(dcfg), dcfg), block_size=4),
+            }
+            row = {"family": family}
+            for name, dec in decoders.items():
+                t0 = time.perf_counter()
+                dec.generate(prompts, 32)
+                first = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                dec.generate(prompts, 32)
+                row[f"{name}_first_s"], row[f"{name}_again_s"] = first, time.perf_counter() - t0
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    lines = ["| family | plain: first call (compile) | plain: again | DFlash b4: first call | DFlash b4: again |"]
+    lines.append("|---|---|---|---|---|")
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | {r['plain_first_s']:.1f} s | {r['plain_again_s']:.2f} s | "
+            f"{r['dflash_b4_first_s']:.1f} s | {r['dflash_b4_again_s']:.2f} s |"
+        )
+    print("\n".join(lines))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows, "table": "\n".join(lines)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
