@@ -127,9 +127,12 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         shape, or a tensor the config does not describe is present; the message names it.
     """
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
+    fused = cfg.family == "qwen3_moe" and any(
+        name.endswith(".mlp.experts.gate_up_proj") for p in _safetensors_files(hf_dir) for name in _tensor_names(p)
+    )
     params, unused = read_safetensors(
         _safetensors_files(hf_dir),
-        hf_param_names(cfg),
+        hf_param_names(cfg, fused_experts=fused),
         param_shapes(cfg),
         ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n == tied_head,
     )

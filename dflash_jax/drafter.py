@@ -177,6 +177,10 @@ class DrafterConfig:
         rope = TargetConfig.from_hf(
             {**hf, "model_type": "qwen3", "use_sliding_window": False, "layer_types": None, "num_hidden_layers": n}
         )
+        if rope.yarn is not None:  # the drafter's attention implements plain and Llama 3 RoPE only
+            raise ConfigError(
+                "drafter config.json: rope type 'yarn' is not supported for drafters; supported: 'default', 'llama3'"
+            )
         ids = get("target_layer_ids") or default_target_layer_ids(number("num_target_layers"), n)
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ConfigError(f"drafter config.json: target_layer_ids must be a list of integers, got {ids!r}")

@@ -61,6 +61,10 @@ class MoEConfig:
     swiglu_limit: float = 7.0
 
 
+# num_key_value_heads when config.json leaves it out, as transformers' config classes default it
+# (Llama, Qwen2, Qwen3: the number of attention heads)
+_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8}
+
 # Fields added after format 1: they enter a checkpoint's config hash only when they differ from
 # their default, so targets converted before they existed keep their identity.
 _LATER_FIELDS = ("layer_types", "sliding_window", "attention_sinks", "yarn", "moe")
@@ -196,13 +200,17 @@ class TargetConfig:
             raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
         if "sliding_attention" not in layer_types:
             layer_types = ()
+        elif "sliding_window" in hf and not hf["sliding_window"]:
+            raise ConfigError(
+                "config.json has sliding_attention layers but sliding_window is null or 0; set the window"
+            )
         rope = dict(hf.get("rope_parameters") or {})
         legacy = hf.get("rope_scaling")
         if legacy:
             rope.update(legacy)
-        if gpt_oss and not rope.get("rope_type", rope.get("type")):  # GptOssConfig's default
-            rope.update(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
-            rope.setdefault("original_max_position_embeddings", 4096)
+        if gpt_oss and not hf.get("rope_parameters") and not legacy:  # GptOssConfig's default
+            rope = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+            rope["original_max_position_embeddings"] = 4096
         theta = float(rope.get("rope_theta", hf.get("rope_theta", 150000.0 if gpt_oss else 10000.0)))
         if legacy and "rope_type" not in legacy and "type" not in legacy:
             raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
@@ -221,6 +229,8 @@ class TargetConfig:
                 raise ConfigError("yarn rope scaling needs 'factor' and 'original_max_position_embeddings'")
             keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate")
             keys += ("attention_factor", "mscale", "mscale_all_dim")
+            if "truncate" in rope:  # present but null reads as false in transformers
+                rope["truncate"] = bool(rope["truncate"])
             yarn = tuple(sorted((k, float(rope[k])) for k in keys if rope.get(k) is not None))
         elif rope_type != "default":
             raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
@@ -265,7 +275,7 @@ class TargetConfig:
             intermediate_size=int(hf.get("intermediate_size", 2880)) if gpt_oss else int(hf["intermediate_size"]),
             num_layers=num_layers,
             num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            num_kv_heads=int(hf.get("num_key_value_heads") or _KV_HEADS_DEFAULT.get(family, heads)),
             head_dim=head_dim,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5 if gpt_oss else 1e-6)),
             rope_theta=theta,
@@ -277,7 +287,7 @@ class TargetConfig:
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             dtype=dtype,
             layer_types=layer_types,
-            sliding_window=int(hf.get("sliding_window") or 128) if layer_types else 0,
+            sliding_window=int(hf.get("sliding_window", 128)) if layer_types else 0,
             attention_sinks=gpt_oss,
             yarn=yarn,
             moe=moe,
@@ -507,12 +517,15 @@ def param_logical_specs(cfg: TargetConfig):
 # ----------------------------------------------------------------------------- Hugging Face names
 
 
-def hf_param_names(cfg: TargetConfig) -> dict[str, tuple]:
+def hf_param_names(cfg: TargetConfig, fused_experts: bool = False) -> dict[str, tuple]:
     """Map each HF tensor name to (our param path, transpose?[, piece]): PyTorch ``Linear`` weights are
-    ``[out, in]``. ``piece``, where present, is the index (ints and slices) of the part of our parameter
-    the tensor fills: Qwen3-MoE stores each expert's ``gate_proj`` / ``up_proj`` / ``down_proj`` as
-    its own tensor, which we stack into ``gate_up`` ``[E, d, 2F]`` and ``down`` ``[E, F, d]``;
-    gpt-oss stores them stacked already, ``[in, out]``.
+    ``[out, in]`` (transpose swaps the last two axes). ``piece``, where present, is the index (ints and
+    slices) of the part of our parameter the tensor fills: Qwen3-MoE checkpoints store each expert's
+    ``gate_proj`` / ``up_proj`` / ``down_proj`` as its own tensor, which we stack into ``gate_up``
+    ``[E, d, 2F]`` and ``down`` ``[E, F, d]``; with ``fused_experts`` (transformers 5's in-memory
+    layout, which ``save_pretrained(save_original_format=False)`` writes) they are
+    ``mlp.experts.gate_up_proj`` ``[E, 2F, d]`` (gate first) and ``mlp.experts.down_proj``
+    ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``.
 
     The one place that names this module's parameters in Hugging Face's convention
     (``checkpoint.load_hf_params`` reads through it)."""
@@ -544,6 +557,11 @@ def hf_param_names(cfg: TargetConfig) -> dict[str, tuple]:
             for p in ("gate_up", "down"):
                 names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
                 names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
+        elif fused_experts:  # qwen3_moe, transformers 5's fused layout
+            moe = (*ours, "moe")
+            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
+            names[f"{hf}mlp.experts.gate_up_proj"] = ((*moe, "gate_up"), True)
+            names[f"{hf}mlp.experts.down_proj"] = ((*moe, "down"), True)
         else:  # qwen3_moe: one tensor per expert and projection
             moe, f, whole = (*ours, "moe"), cfg.moe.intermediate_size, slice(None)
             names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)

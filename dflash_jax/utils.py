@@ -251,6 +251,8 @@ def read_safetensors(
 ) -> tuple[dict, list[str]]:
     """Read the tensors ``names`` maps (safetensors name -> (pytree path, transpose?[, piece])) from ``files``.
 
+    ``transpose`` swaps the last two axes (PyTorch's ``[..., out, in]`` to our ``[..., in, out]``).
+
     ``piece`` (ints and slices, needs ``expected``): the tensor fills that part of the leaf, as
     ``leaf[piece] = tensor``; the pieces mapped to one leaf must tile it (each is required).
 
@@ -287,7 +289,7 @@ def read_safetensors(
                             "(float32, float16 or bfloat16)"
                         )
                     arr = arr.astype(np.float32)
-                    arr = arr.T if transpose else arr
+                    arr = np.swapaxes(arr, -1, -2) if transpose else arr  # [.., out, in] -> [.., in, out]
                     if expected is not None:
                         want = expected
                         for k in ours:
@@ -297,7 +299,10 @@ def read_safetensors(
                         if piece:
                             want = np.broadcast_to(np.empty((), np.bool_), leaf_shape)[piece[0]].shape  # no memory
                         if tuple(arr.shape) != tuple(want):
-                            shape, want = (arr.T.shape, tuple(want)[::-1]) if transpose else (arr.shape, tuple(want))
+                            if transpose:
+                                shape, want = np.swapaxes(arr, -1, -2).shape, (*want[:-2], want[-1], want[-2])
+                            else:
+                                shape, want = arr.shape, tuple(want)
                             raise CheckpointError(
                                 f"tensor {name} in {path} has shape {tuple(shape)}, expected "
                                 f"{tuple(want)} from config.json"

@@ -101,3 +101,14 @@ def test_draft_logits_equal_reference(name, tmp_path):
         want = ref.compute_logits(h, head).numpy()
     assert_close(ours, want, TINY_REL)
     assert np.abs(want).max() > 1 and (ours.argmax(-1) == want.argmax(-1)).all()  # not vacuous
+
+
+def test_released_drafter_with_yarn_rope_is_refused():
+    """The drafter implements plain and Llama 3 RoPE only: a YaRN config is an error, not run without it."""
+    from dflash_jax.errors import ConfigError
+
+    released = DrafterConfig.for_target(TARGET, num_layers=1, block_size=4, mask_token_id=3).to_released()
+    DrafterConfig.from_released(released)  # the config as exported loads
+    yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
+    with pytest.raises(ConfigError, match="rope type 'yarn' is not supported for drafters"):
+        DrafterConfig.from_released({**released, "rope_scaling": yarn})

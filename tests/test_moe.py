@@ -49,8 +49,8 @@ def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target
 
 def test_random_drafter_greedy_and_sampled(moe_target):
     """A random DFlash drafter on an MoE target: greedy output equals plain decoding (most rounds
-    reject inside the block); sampled output, seed for seed, stays in the target's support and the
-    batch does not change a row."""
+    reject inside the block); sampled, a row's tokens do not depend on the batch it is in (its
+    distribution is the chi-square test of ``test_sampling.py``, which the target does not enter)."""
     _, ck, plain = moe_target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     drafter = (init_drafter_params(dcfg, seed=1), dcfg)

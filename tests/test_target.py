@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from helpers import TINY, TINY_REL, assert_close, hf_logits
 
-from dflash_jax import checkpoint, target
+from dflash_jax import checkpoint
 from dflash_jax.errors import ConfigError
 from dflash_jax.target import Target, TargetConfig, init_cache
 
@@ -125,15 +125,78 @@ def test_config_reads_both_rope_layouts():
     assert old == new and old.rope_theta == 5e5 and old.qkv_bias
 
 
-def test_dense_config_hash_is_what_it_was():
-    """Fields added for mixture-of-experts targets enter the identity hash only when set, so dense
-    targets converted before them still load (their recorded hash is the old formula's)."""
-    import dataclasses
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
-    from dflash_jax.utils import json_sha256
 
-    cfg = TargetConfig.from_hf({**BASE, "model_type": "llama"})
-    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("dtype", *target._LATER_FIELDS)}
-    assert checkpoint.config_hash(cfg) == json_sha256(old)
-    moe = TargetConfig.from_hf({**BASE, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2})
-    assert "moe" in moe.hash_fields() and checkpoint.config_hash(moe) != checkpoint.config_hash(cfg)
+@pytest.mark.parametrize(
+    "patch, digest",
+    [
+        (
+            {"model_type": "llama", "rope_scaling": LLAMA3, "attention_bias": True},
+            "6b5b2d0e598c878acca4f169ce767e0592b5884f24728d5d0661e2743b3d177a",
+        ),
+        ({"model_type": "qwen2"}, "6ee4c04c4d5f89b9dfc70f1c2ece5f227f6588228e1e6f5386695e84a7ea19d7"),
+        (
+            {"model_type": "qwen3", "tie_word_embeddings": True},
+            "2fe51c40471e9212a1dcff92ed10b6043af0683b37f343c96eafc8ea32821936",
+        ),
+    ],
+)
+def test_dense_config_hash_is_what_it_was(patch, digest):
+    """Dense targets converted before the mixture-of-experts fields existed keep their identity: the
+    digests are the ones the code before those fields computed (commit 67c6500)."""
+    assert checkpoint.config_hash(TargetConfig.from_hf({**BASE, **patch})) == digest
+    moe = {**BASE, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "num_key_value_heads": 2}
+    moe = TargetConfig.from_hf(moe)
+    assert "moe" in moe.hash_fields() and checkpoint.config_hash(moe) != digest
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_defaults_of_a_minimal_config_are_transformers(family):
+    """A config.json that leaves fields out reads as transformers' config class fills them in."""
+    import transformers
+
+    minimal = {"model_type": family, "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 4}
+    minimal.update(num_attention_heads=16, intermediate_size=48)
+    ours = TargetConfig.from_hf(minimal)
+    theirs = transformers.AutoConfig.for_model(**minimal)
+    assert ours.num_kv_heads == theirs.num_key_value_heads
+    assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
+    assert ours.rms_norm_eps == theirs.rms_norm_eps
+    assert ours.moe.experts_per_token == theirs.num_experts_per_tok
+    assert ours.qkv_bias == ours.o_bias == theirs.attention_bias
+    if family == "qwen3_moe":
+        assert ours.moe.num_experts == theirs.num_experts and ours.moe.norm_topk_prob == theirs.norm_topk_prob
+        assert ours.moe.intermediate_size == theirs.moe_intermediate_size and ours.yarn is None
+        assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    else:
+        assert ours.moe.num_experts == theirs.num_local_experts
+        assert list(ours.layer_types) == theirs.layer_types and ours.sliding_window == theirs.sliding_window
+        rope = {k: float(v) for k, v in theirs.rope_parameters.items() if k not in ("rope_type", "rope_theta")}
+        assert dict(ours.yarn) == rope and ours.rope_theta == theirs.rope_parameters["rope_theta"]
+        explicit = TargetConfig.from_hf({**minimal, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+        assert explicit.yarn is None  # rope parameters given: no YaRN default, as transformers
+
+
+def test_fused_qwen3_moe_checkpoint_loads(tmp_path, tiny_models):
+    """transformers 5's fused expert layout (``save_original_format=False``) loads like the per-expert one."""
+    hf, hf_dir, path = tiny_models["qwen3_moe"]
+    hf.save_pretrained(tmp_path / "fused", save_original_format=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (hf_dir / name).exists():
+            (tmp_path / "fused" / name).write_bytes((hf_dir / name).read_bytes())
+    from safetensors import safe_open
+
+    with safe_open(str(next((tmp_path / "fused").glob("*.safetensors"))), "numpy") as f:
+        assert "model.layers.0.mlp.experts.gate_up_proj" in f.keys()
+    fused = checkpoint.load_hf_params(tmp_path / "fused", checkpoint.load_target(path).cfg)
+    per_expert = checkpoint.load_target(path).params
+    for name in ("gate_up", "down"):
+        np.testing.assert_array_equal(fused["layers_0"]["moe"][name], np.asarray(per_expert["layers_0"]["moe"][name]))
