@@ -127,14 +127,18 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         shape, or a tensor the config does not describe is present; the message names it.
     """
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
-    fused = cfg.family == "qwen3_moe" and any(
-        name.endswith(".mlp.experts.gate_up_proj") for p in _safetensors_files(hf_dir) for name in _tensor_names(p)
-    )
+    present = [name for p in _safetensors_files(hf_dir) for name in _tensor_names(p)]
+    fused = cfg.family == "qwen3_moe" and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
+    multimodal = cfg.family == "qwen3_5" and any(n.startswith("model.language_model.") for n in present)
+    prefix = "model.language_model." if multimodal else "model."
+
+    def ignore(name: str) -> bool:
+        # Qwen3.5: the vision tower and the multi-token-prediction head are not part of the target
+        skipped = cfg.family == "qwen3_5" and name.startswith(("model.visual.", "mtp."))
+        return skipped or name.endswith("rotary_emb.inv_freq") or name == tied_head
+
     params, unused = read_safetensors(
-        _safetensors_files(hf_dir),
-        hf_param_names(cfg, fused_experts=fused),
-        param_shapes(cfg),
-        ignore=lambda n: n.endswith("rotary_emb.inv_freq") or n == tied_head,
+        _safetensors_files(hf_dir), hf_param_names(cfg, fused_experts=fused, prefix=prefix), param_shapes(cfg), ignore
     )
     if unused:
         raise CheckpointError(

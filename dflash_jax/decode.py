@@ -24,8 +24,11 @@ Static shapes throughout: a token buffer ``[B, S + block]`` indexed by absolute
 position, KV caches (target and drafter context) of length ``S`` whose slot is the
 absolute position, so "truncating the cache to the committed length" is free:
 slots past ``start`` are simply overwritten by the next block before anything
-reads them. Each sequence keeps its own ``start``, stops on its own, and records
-its own per-round acceptance lengths.
+reads them. A target with linear-attention layers (Qwen3.5's Gated DeltaNet) has a recurrent
+state instead, which cannot be truncated: its verify pass returns the state before the block
+and the block's inputs, and the commit replays only the committed tokens into it
+(``target.commit_cache``; the rejected draft tokens never enter it). Each sequence keeps its
+own ``start``, stops on its own, and records its own per-round acceptance lengths.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import numpy as np
 from dflash_jax.drafter import DrafterConfig, DraftStep
 from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.sharding import axis_rules
-from dflash_jax.target import Target, TargetConfig, init_cache
+from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache, pad_pending
 
 Array = jax.Array
 
@@ -172,6 +175,7 @@ def prefill(
     hidden, feats, cache = Target(cfg).apply(
         {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps
     )
+    cache = commit_cache(cache, prompt_lens)  # recurrent layers: each row's state at its own length
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     logits = Target(cfg).apply({"params": target_params}, last, method="logits")
     key = jax.vmap(jax.random.key)(seeds)
@@ -240,7 +244,7 @@ def decode_loop(
             out = jnp.pad(probs(logits, sampling), ((0, 0), (0, pad), (0, 0)))
         if feats is not None and pad:
             feats = jnp.pad(feats, ((0, 0), (0, pad), (0, 0)))
-        return out, feats, cache
+        return out, feats, pad_pending(cache, bs)
 
     def round_(s: LoopState) -> LoopState:
         active = ~s.done
@@ -297,6 +301,7 @@ def decode_loop(
             )  # slots >= new start are masked later
         if on_round is not None:
             jax.experimental.io_callback(on_round, None, new, produced, ordered=True)
+        tcache = commit_cache(tcache, produced)  # recurrent layers keep the committed tokens only (rollback)
         start = s.start + produced
         done = s.done | hit | (start + 1 >= s.limit)
         accepted = jnp.where(

@@ -36,10 +36,14 @@ class RMSNorm(nn.Module):
 
     eps: float
     axis_name: str = "norm"
+    zero_centered: bool = False  # Qwen3.5 (``Qwen3_5RMSNorm``): the weight is stored as w, applied as 1 + w
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), nn.initializers.ones)
+        init = nn.initializers.zeros if self.zero_centered else nn.initializers.ones
+        scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), init)
+        if self.zero_centered:
+            scale = 1.0 + scale
         dtype = x.dtype
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)

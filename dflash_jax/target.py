@@ -27,13 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from dflash_jax.deltanet import GatedDeltaNet, LinearState, PendingLinear, commit
 from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq, yarn_inv_freq
 
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_text")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +62,36 @@ class MoEConfig:
     swiglu_limit: float = 7.0
 
 
+@dataclasses.dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Qwen3.5's Gated DeltaNet layers (``deltanet.GatedDeltaNet``): key / value heads and their sizes,
+    the causal convolution's kernel."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+
+
 # num_key_value_heads when config.json leaves it out, as transformers' config classes default it
 # (Llama, Qwen2, Qwen3: the number of attention heads)
-_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8}
+_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8, "qwen3_5": 4}
+_MAX_POSITIONS_DEFAULT = {"qwen3_moe": 32768, "gpt_oss": 131072, "qwen3_5": 32768}
 
 # Fields added after format 1: they enter a checkpoint's config hash only when they differ from
 # their default, so targets converted before they existed keep their identity.
-_LATER_FIELDS = ("layer_types", "sliding_window", "attention_sinks", "yarn", "moe")
+_LATER_FIELDS = (
+    "layer_types",
+    "sliding_window",
+    "attention_sinks",
+    "yarn",
+    "moe",
+    "linear",
+    "partial_rotary_factor",
+    "attn_output_gate",
+    "norm_zero_centered",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +120,20 @@ class TargetConfig:
     attention_sinks: bool = False  # gpt-oss: one learned sink logit per head (``layers.attend``)
     yarn: tuple[tuple[str, float], ...] | None = None  # YaRN RoPE parameters, sorted items
     moe: MoEConfig | None = None
+    linear: LinearAttentionConfig | None = None  # Qwen3.5: the "linear_attention" layers' shape
+    partial_rotary_factor: float = 1.0  # RoPE rotates the first head_dim * factor dims of q and k
+    attn_output_gate: bool = False  # Qwen3.5: q_proj also gives a per-head gate, out *= sigmoid(gate)
+    norm_zero_centered: bool = False  # Qwen3.5: every RMSNorm weight is applied as 1 + w
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.layers
@@ -165,11 +200,20 @@ class TargetConfig:
             activation, MLP biases, partial rotary embeddings), each named.
         """
         family = hf.get("model_type")
+        if family == "qwen3_5":  # the multimodal config: its language model is the target
+            text = hf.get("text_config")
+            if not isinstance(text, dict):
+                raise ConfigError("qwen3_5 config.json has no text_config object")
+            hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **text, "model_type": "qwen3_5_text"}
+            family = "qwen3_5_text"
         if family not in SUPPORTED_FAMILIES:
             raise ConfigError(
                 f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
             )
         gpt_oss = family == "gpt_oss"
+        hybrid = family == "qwen3_5_text"
+        if hybrid:
+            family = "qwen3_5"
         quant = hf.get("quantization_config")
         if quant:
             method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
@@ -191,16 +235,20 @@ class TargetConfig:
         layer_types = tuple(hf.get("layer_types") or ())
         if gpt_oss and not layer_types:  # GptOssConfig's default: sliding, full, sliding, ...
             layer_types = tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers))
-        allowed = {"full_attention", "sliding_attention"} if gpt_oss else {"full_attention"}
+        if hybrid and not layer_types:  # Qwen3_5TextConfig's default: three linear layers, then a full one
+            every = int(hf.get("full_attention_interval", 4))
+            layer_types = tuple("linear_attention" if (i + 1) % every else "full_attention" for i in range(num_layers))
+        allowed = {"full_attention"}
+        allowed |= {"sliding_attention"} if gpt_oss else {"linear_attention"} if hybrid else set()
         if set(layer_types) - allowed:
             raise ConfigError(
                 f"layer_types {sorted(set(layer_types))} not supported for {family}; only {sorted(allowed)}"
             )
         if layer_types and len(layer_types) != num_layers:
             raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
-        if "sliding_attention" not in layer_types:
+        if not set(layer_types) & {"sliding_attention", "linear_attention"}:
             layer_types = ()
-        elif "sliding_window" in hf and not hf["sliding_window"]:
+        elif "sliding_attention" in layer_types and "sliding_window" in hf and not hf["sliding_window"]:
             raise ConfigError(
                 "config.json has sliding_attention layers but sliding_window is null or 0; set the window"
             )
@@ -215,8 +263,9 @@ class TargetConfig:
         if legacy and "rope_type" not in legacy and "type" not in legacy:
             raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ConfigError("partial_rotary_factor != 1 is not supported")
+        partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25 if hybrid else 1.0)))
+        if partial != 1.0 and not hybrid:
+            raise ConfigError("partial_rotary_factor != 1 is not supported outside Qwen3.5")
         scaling = yarn = None
         if rope_type == "llama3":
             keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -235,7 +284,23 @@ class TargetConfig:
         elif rope_type != "default":
             raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
         heads = int(hf["num_attention_heads"])
-        head_dim = int(hf.get("head_dim") or (64 if gpt_oss else hf["hidden_size"] // heads))
+        head_dim = int(hf.get("head_dim") or (64 if gpt_oss else 256 if hybrid else hf["hidden_size"] // heads))
+        linear = None
+        if hybrid:
+            linear = LinearAttentionConfig(
+                num_k_heads=int(hf.get("linear_num_key_heads", 16)),
+                num_v_heads=int(hf.get("linear_num_value_heads", 32)),
+                head_k_dim=int(hf.get("linear_key_head_dim", 128)),
+                head_v_dim=int(hf.get("linear_value_head_dim", 128)),
+                conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
+            )
+            if linear.num_v_heads % linear.num_k_heads:
+                raise ConfigError(
+                    f"linear_num_value_heads ({linear.num_v_heads}) must be a multiple of linear_num_key_heads "
+                    f"({linear.num_k_heads})"
+                )
+            if int(head_dim * partial) % 2:
+                raise ConfigError(f"head_dim * partial_rotary_factor ({head_dim * partial}) must be even")
         bias = bool(hf.get("attention_bias", gpt_oss))
         moe = None
         if family == "qwen3_moe":
@@ -283,22 +348,36 @@ class TargetConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if family == "qwen2" else bias,
             o_bias=False if family == "qwen2" else bias,  # Qwen2 biases q, k, v only
-            qk_norm=family in ("qwen3", "qwen3_moe"),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            qk_norm=family in ("qwen3", "qwen3_moe", "qwen3_5"),
+            max_position_embeddings=int(hf.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT.get(family, 4096))),
             dtype=dtype,
             layer_types=layer_types,
-            sliding_window=int(hf.get("sliding_window", 128)) if layer_types else 0,
+            sliding_window=int(hf.get("sliding_window", 128)) if "sliding_attention" in layer_types else 0,
             attention_sinks=gpt_oss,
             yarn=yarn,
             moe=moe,
+            linear=linear,
+            partial_rotary_factor=partial,
+            attn_output_gate=hybrid,
+            norm_zero_centered=hybrid,
         )
 
 
 def rope_tables(cfg: TargetConfig) -> tuple[np.ndarray, float]:
-    """The target's RoPE: inverse frequencies ``[head_dim // 2]`` and the cos/sin scale (1 but for YaRN)."""
+    """The target's RoPE: inverse frequencies ``[rotary_dim // 2]`` and the cos/sin scale (1 but for YaRN)."""
     if cfg.yarn is not None:
-        return yarn_inv_freq(cfg.head_dim, cfg.rope_theta, dict(cfg.yarn))
-    return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
+        return yarn_inv_freq(cfg.rotary_dim, cfg.rope_theta, dict(cfg.yarn))
+    return rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
+
+
+def rotate(x: Array, positions: Array, cfg: TargetConfig) -> Array:
+    """RoPE on the first ``cfg.rotary_dim`` dims of ``x`` ``[B, T, N, D]``; the rest pass through
+    (Qwen3.5's partial rotary embedding; its multimodal sections coincide for text positions)."""
+    inv_freq, scale = rope_tables(cfg)
+    r = cfg.rotary_dim
+    if r == x.shape[-1]:
+        return apply_rope(x, positions, inv_freq, scale)
+    return jnp.concatenate([apply_rope(x[..., :r], positions, inv_freq, scale), x[..., r:]], axis=-1)
 
 
 class Attention(nn.Module):
@@ -317,18 +396,21 @@ class Attention(nn.Module):
         d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         zeros = nn.initializers.zeros
 
-        def proj(name, heads, axes):
-            out = x @ param(self, f"{name}_proj", (d, heads * hd), ("embed", axes)).astype(dt)
+        def proj(name, heads, axes, width=hd):
+            out = x @ param(self, f"{name}_proj", (d, heads * width), ("embed", axes)).astype(dt)
             if cfg.qkv_bias:
-                out = out + param(self, f"{name}_bias", (heads * hd,), (axes,), zeros).astype(dt)
-            return out.reshape(*x.shape[:2], heads, hd)
+                out = out + param(self, f"{name}_bias", (heads * width,), (axes,), zeros).astype(dt)
+            return out.reshape(*x.shape[:2], heads, width)
 
-        q, k, v = proj("q", h, "heads"), proj("k", kv, "kv_heads"), proj("v", kv, "kv_heads")
+        if cfg.attn_output_gate:  # per head [query | gate] (Qwen3_5Attention)
+            q, gate = jnp.split(proj("q", h, "heads", 2 * hd), 2, axis=-1)
+        else:
+            q, gate = proj("q", h, "heads"), None
+        k, v = proj("k", kv, "kv_heads"), proj("v", kv, "kv_heads")
         if cfg.qk_norm:
-            q = RMSNorm(cfg.rms_norm_eps, "head_dim", name="q_norm")(q)
-            k = RMSNorm(cfg.rms_norm_eps, "head_dim", name="k_norm")(k)
-        inv_freq, scale = rope_tables(cfg)
-        q, k = apply_rope(q, positions, inv_freq, scale), apply_rope(k, positions, inv_freq, scale)
+            q = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="k_norm")(k)
+        q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
 
         if cache is None:  # plain causal forward over the block itself
@@ -345,7 +427,10 @@ class Attention(nn.Module):
         if self.sliding:
             mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
         sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
-        out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks).reshape(*x.shape[:2], h * hd)
+        out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate)
+        out = out.reshape(*x.shape[:2], h * hd)
         out = out @ param(self, "o_proj", (h * hd, d), ("heads", "embed")).astype(dt)
         if cfg.o_bias:
             out = out + param(self, "o_bias", (d,), ("embed",), zeros).astype(dt)
@@ -420,14 +505,29 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, cache):
         cfg = self.cfg
-        attention = Attention(cfg, cfg.is_sliding(self.layer), name="attn")
-        attn, cache = attention(RMSNorm(cfg.rms_norm_eps, name="input_norm")(x), positions, cache)
+        norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="input_norm")(x)
+        if cfg.is_linear(self.layer):
+            lin = cfg.linear
+            mixer = GatedDeltaNet(
+                cfg.hidden_size,
+                lin.num_k_heads,
+                lin.num_v_heads,
+                lin.head_k_dim,
+                lin.head_v_dim,
+                lin.conv_kernel,
+                cfg.rms_norm_eps,
+                cfg.compute_dtype,
+                name="linear_attn",
+            )
+            attn, cache = mixer(norm, cache)
+        else:
+            attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache)
         x = x + attn
         if cfg.is_moe(self.layer):
             mlp = MoE(cfg, name="moe")
         else:
             mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, name="mlp")
-        x = x + mlp(RMSNorm(cfg.rms_norm_eps, name="post_attn_norm")(x))
+        x = x + mlp(RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="post_attn_norm")(x))
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed")), cache
 
 
@@ -454,7 +554,7 @@ class Target(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
         self.layers = [DecoderLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
-        self.final_norm = RMSNorm(cfg.rms_norm_eps)
+        self.final_norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered)
 
     def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, tap_layers: Sequence[int] = ()):
         x = self.embed(tokens)
@@ -487,10 +587,45 @@ def write_block(buf: Array, block: Array, start: Array) -> Array:
 
 
 def init_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """Zero KV cache: ``num_layers`` pairs of ``[batch, max_len, KV, head_dim]``."""
+    """Empty cache: per attention layer a ``(k, v)`` pair of zeros ``[batch, max_len, KV, head_dim]``;
+    per linear-attention layer a zero ``deltanet.LinearState``."""
     dtype = dtype or cfg.compute_dtype
     shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+    cache = []
+    for i in range(cfg.num_layers):
+        if cfg.is_linear(i):
+            lin = cfg.linear
+            channels = 2 * lin.num_k_heads * lin.head_k_dim + lin.num_v_heads * lin.head_v_dim
+            conv = jnp.zeros((batch, lin.conv_kernel - 1, channels), dtype)
+            cache.append(LinearState(conv, jnp.zeros((batch, lin.num_v_heads, lin.head_k_dim, lin.head_v_dim))))
+        else:
+            cache.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+    return cache
+
+
+def commit_cache(cache: list, keep: Array) -> KVCache:
+    """The cache after a forward over a block, keeping row ``b``'s first ``keep[b]`` block tokens
+    (``keep`` int32 ``[B]``): linear-attention layers replay them into their state
+    (``deltanet.commit``); attention layers are already right (slots at or past the next position
+    are overwritten before they are read). The identity for targets without linear attention."""
+    return [commit(c, keep) if isinstance(c, PendingLinear) else c for c in cache]
+
+
+def pad_pending(cache: list, block: int) -> list:
+    """Pad the block axis of every ``PendingLinear`` to ``block`` tokens (masked: ``beta = g = 0``), so
+    verify passes of different lengths return caches of one shape (``lax.switch``)."""
+
+    def pad(c):
+        if not isinstance(c, PendingLinear):
+            return c
+        extra = block - c.k.shape[1]
+
+        def tail(x, axis=1):
+            return jnp.pad(x, [(0, extra) if a == axis else (0, 0) for a in range(x.ndim)])
+
+        return PendingLinear(tail(c.window), c.state, tail(c.k), tail(c.v), tail(c.g), tail(c.beta))
+
+    return [pad(c) for c in cache]
 
 
 def _variables(cfg: TargetConfig, seed: int = 0):
@@ -517,7 +652,7 @@ def param_logical_specs(cfg: TargetConfig):
 # ----------------------------------------------------------------------------- Hugging Face names
 
 
-def hf_param_names(cfg: TargetConfig, fused_experts: bool = False) -> dict[str, tuple]:
+def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str = "model.") -> dict[str, tuple]:
     """Map each HF tensor name to (our param path, transpose?[, piece]): PyTorch ``Linear`` weights are
     ``[out, in]`` (transpose swaps the last two axes). ``piece``, where present, is the index (ints and
     slices) of the part of our parameter the tensor fills: Qwen3-MoE checkpoints store each expert's
@@ -525,16 +660,32 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False) -> dict[str, 
     ``[E, d, 2F]`` and ``down`` ``[E, F, d]``; with ``fused_experts`` (transformers 5's in-memory
     layout, which ``save_pretrained(save_original_format=False)`` writes) they are
     ``mlp.experts.gate_up_proj`` ``[E, 2F, d]`` (gate first) and ``mlp.experts.down_proj``
-    ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``.
+    ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``. ``prefix``: where the
+    language model's tensors live (``model.``; ``model.language_model.`` in Qwen3.5's multimodal
+    checkpoints). Qwen3.5's linear-attention layers: ``linear_attn.in_proj_{qkv,z,b,a}``,
+    ``conv1d.weight`` ``[C, 1, K]`` (kept in that layout), ``dt_bias``, ``A_log``, ``norm``, ``out_proj``.
 
     The one place that names this module's parameters in Hugging Face's convention
     (``checkpoint.load_hf_params`` reads through it)."""
-    names: dict[str, tuple] = {"model.embed_tokens.weight": (("embedding",), False)}
-    names["model.norm.weight"] = (("final_norm", "scale"), False)
+    names: dict[str, tuple] = {f"{prefix}embed_tokens.weight": (("embedding",), False)}
+    names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = (("lm_head",), True)
     for i in range(cfg.num_layers):
-        hf, ours = f"model.layers.{i}.", (f"layers_{i}",)
+        hf, ours = f"{prefix}layers.{i}.", (f"layers_{i}",)
+        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
+        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
+        if cfg.is_linear(i):
+            lin, mixer = f"{hf}linear_attn.", (*ours, "linear_attn")
+            for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+                names[f"{lin}{p}.weight"] = ((*mixer, p), True)
+            names[f"{lin}conv1d.weight"] = ((*mixer, "conv_weight"), False)
+            for p in ("dt_bias", "A_log"):
+                names[f"{lin}{p}"] = ((*mixer, p), False)
+            names[f"{lin}norm.weight"] = ((*mixer, "norm"), False)
+            for p in ("gate", "up", "down"):
+                names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
+            continue
         for p in "qkvo":
             names[f"{hf}self_attn.{p}_proj.weight"] = ((*ours, "attn", f"{p}_proj"), True)
         if cfg.qkv_bias:
@@ -570,6 +721,4 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False) -> dict[str, 
                 names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
                 names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
                 names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
-        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
-        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
     return names

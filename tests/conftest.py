@@ -43,6 +43,10 @@ def tiny_models(tmp_path_factory):
             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]
         ),
         "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
+        # hybrid: three Gated DeltaNet layers, then one gated full-attention layer (partial RoPE, 4 of 16 dims)
+        "qwen3_5": dict(
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16
+        ),
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from helpers import TINY, TINY_REL, assert_close, hf_logits
+from helpers import HYBRID_REL, TINY, TINY_REL, assert_close, hf_logits
 
 from dflash_jax import checkpoint
 from dflash_jax.errors import ConfigError
-from dflash_jax.target import Target, TargetConfig, init_cache
+from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache
 
 
 def _forward(ck, tokens, positions=None, cache=None, taps=()):
@@ -17,7 +17,7 @@ def _forward(ck, tokens, positions=None, cache=None, taps=()):
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -27,7 +27,7 @@ def test_logits_equal_transformers(tiny_models, family):
     tokens = np.random.RandomState(1).randint(0, TINY["vocab_size"], (3, 50))
     ours, _, _ = _forward(ck, tokens)
     ref = hf_logits(hf, tokens)
-    assert_close(ours, ref, TINY_REL)
+    assert_close(ours, ref, HYBRID_REL if family == "qwen3_5" else TINY_REL)
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 
@@ -46,10 +46,10 @@ def test_taps_are_raw_layer_outputs(tiny_models):
     assert_close(np.asarray(feats)[..., d:], hs[3].numpy(), TINY_REL)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5"])
 def test_cached_blocks_equal_full_forward(tiny_models, family):
     """Blocks on top of the cache give the full forward's logits (gpt-oss: sliding window 8, so
-    blocks see keys leave their window)."""
+    blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
@@ -60,6 +60,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
         block = tokens[:, start : start + size]
         pos = np.broadcast_to(np.arange(start, start + size), block.shape)
         logits, feats, cache = _forward(ck, block, pos, cache, taps=(1,))
+        cache = commit_cache(cache, np.full(2, size))
         got.append(logits)
         got_feats.append(np.asarray(feats))
         start += size
@@ -69,7 +70,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5"])
 def test_padding_changes_no_sequence(tiny_models, family):
     """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
     on which tokens share an expert)."""
@@ -200,3 +201,56 @@ def test_fused_qwen3_moe_checkpoint_loads(tmp_path, tiny_models):
     per_expert = checkpoint.load_target(path).params
     for name in ("gate_up", "down"):
         np.testing.assert_array_equal(fused["layers_0"]["moe"][name], np.asarray(per_expert["layers_0"]["moe"][name]))
+
+
+def test_rejected_tokens_leave_no_trace_in_the_recurrent_state(tiny_models):
+    """Qwen3.5: blocks of 8 where only the first ``keep`` tokens are real (the rest random, as
+    rejected draft tokens are), committed at ``keep`` per row: the kept tokens' logits equal the
+    full forward's, so nothing of a rejected token stays in the linear layers' state."""
+    _, _, path = tiny_models["qwen3_5"]
+    ck = checkpoint.load_target(path)
+    rs = np.random.RandomState(5)
+    tokens = rs.randint(0, TINY["vocab_size"], (2, 48))
+    full, _, _ = _forward(ck, tokens)
+    cache, start = init_cache(ck.cfg, 2, 64), np.zeros(2, np.int64)
+    got = [[], []]
+    while start.min() < 30:
+        keep = np.minimum(rs.randint(0, 9, 2), 48 - start)  # 0 .. 8 per row (0: keeps nothing this round)
+        block = rs.randint(0, TINY["vocab_size"], (2, 8))
+        for b in range(2):
+            block[b, : keep[b]] = tokens[b, start[b] : start[b] + keep[b]]
+        pos = start[:, None] + np.arange(8)
+        logits, _, cache = _forward(ck, block, pos, cache)
+        cache = commit_cache(cache, keep)
+        for b in range(2):
+            got[b].append(logits[b, : keep[b]])
+        start += keep
+    for b in range(2):
+        kept = np.concatenate(got[b])
+        assert_close(kept, full[b, : len(kept)], TINY_REL)
+
+
+def test_multimodal_qwen3_5_checkpoint_converts_to_its_language_model(tmp_path):
+    """A Qwen3.5 checkpoint with its vision tower (``model.language_model.*``, ``model.visual.*``):
+    the target is the language model, equal to transformers' text forward; the vision weights are skipped."""
+    import torch
+    import transformers
+    from helpers import tiny_tokenizer
+
+    text = dict(
+        TINY, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16
+    )
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=TINY["hidden_size"])
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    tiny_tokenizer(TINY["vocab_size"]).save_pretrained(tmp_path / "hf")
+    ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / "hf", tmp_path / "ck"))
+    assert ck.cfg.family == "qwen3_5" and ck.cfg.is_linear(0) and not ck.cfg.is_linear(3)
+    tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
+    ours, _, _ = _forward(ck, tokens)
+    assert_close(ours, hf_logits(model, tokens), HYBRID_REL)

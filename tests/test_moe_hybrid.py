@@ -1,6 +1,9 @@
-"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) in the decoder and on a mesh with an expert axis.
+"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) and the hybrid Qwen3.5 (Gated DeltaNet + gated
+attention) in the decoder, and the MoE ones on a mesh with an expert axis.
 
-Their parity with transformers (logits, cached blocks, padding) is in ``test_target.py``."""
+Their parity with transformers (logits, cached blocks, padding, the hybrid's rollback) is in
+``test_target.py``. Every rejected draft token below is one the hybrid's commit must keep out of
+its recurrent state."""
 
 import jax
 import numpy as np
@@ -19,18 +22,27 @@ from dflash_jax.train_step import sharded_step, train_step
 MOE = ["qwen3_moe", "gpt_oss"]
 
 
-@pytest.fixture(scope="module", params=MOE)
-def moe_target(request, tiny_models):
-    _, _, path = tiny_models[request.param]
+def _load(tiny_models, family):
+    _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     return path, ck, Decoder(ck.params, ck.cfg)
 
 
-def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target):
+@pytest.fixture(scope="module", params=MOE)
+def moe_target(request, tiny_models):
+    return _load(tiny_models, request.param)
+
+
+@pytest.fixture(scope="module", params=[*MOE, "qwen3_5"])
+def new_target(request, tiny_models):
+    return _load(tiny_models, request.param)
+
+
+def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(new_target):
     """An oracle drafter that is wrong at chosen positions: every round's acceptance is the one the
     SPEC rule gives, the output is the plain greedy output, rows stop at a stop token and at the
     length limit inside a block."""
-    _, ck, plain = moe_target
+    _, ck, plain = new_target
     bs, rs = 6, np.random.RandomState(7)
     prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11)]
     greedy = [r.token_ids for r in plain.generate(prompts, 40)]
@@ -47,19 +59,25 @@ def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target
     assert got[1].token_ids[-1] == stop and len(got[1].token_ids) <= 26
 
 
-def test_random_drafter_greedy_and_sampled(moe_target):
+def test_random_drafter_greedy_and_sampled(new_target):
     """A random DFlash drafter on an MoE target: greedy output equals plain decoding (most rounds
     reject inside the block); sampled, a row's tokens do not depend on the batch it is in (its
     distribution is the chi-square test of ``test_sampling.py``, which the target does not enter)."""
-    _, ck, plain = moe_target
+    _, ck, plain = new_target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     drafter = (init_drafter_params(dcfg, seed=1), dcfg)
     rs = np.random.RandomState(3)
     prompts = [rs.randint(4, 96, n).tolist() for n in (7, 30)]
     spec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4)
-    for w, g in zip(plain.generate(prompts, 24), spec.generate(prompts, 24)):
-        assert g.token_ids == w.token_ids
-        assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
+    # verify lengths chosen per round (one lax.switch branch per length; the hybrid pads its pending state)
+    chosen = Decoder(
+        ck.params, ck.cfg, drafter=drafter, block_size=4, verify_lengths=(1, 2, 4), verify_costs=(1, 1.3, 1.6)
+    )
+    want = plain.generate(prompts, 24)
+    for dec in (spec, chosen):
+        for w, g in zip(want, dec.generate(prompts, 24)):
+            assert g.token_ids == w.token_ids
+            assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
     sampled = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4, sampling=Sampling(temperature=0.8))
     batch = sampled.generate(prompts, 16, seed=[5, 6])
     alone = sampled.generate(prompts[1:], 16, seed=[6])
@@ -112,8 +130,9 @@ def test_expert_axis_mesh_gives_the_same_training_loss(moe_target):
     assert float(want["loss"]) > 0
 
 
-def test_convert_generate_and_train_through_the_cli(tiny_models, tmp_path, capsys):
-    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept an MoE target."""
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5"])
+def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
+    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept an MoE and a hybrid target."""
     import json
     from pathlib import Path
 
@@ -123,10 +142,15 @@ def test_convert_generate_and_train_through_the_cli(tiny_models, tmp_path, capsy
     from dflash_jax.cli import main
 
     hf_dir = tmp_path / "hf"
-    make_hf_model("gpt_oss", hf_dir, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8)
+    if family == "gpt_oss":
+        make_hf_model(
+            family, hf_dir, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8
+        )
+    else:
+        make_hf_model(family, hf_dir, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16)
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
     ck = checkpoint.load_target(tmp_path / "ck")
-    assert ck.cfg.family == "gpt_oss" and ck.cfg.moe.num_experts == 4
+    assert ck.cfg.family == family and (ck.cfg.moe is not None) == (family == "gpt_oss")
     records = []
     for drafter in ("none", "random"):
         args = ["generate", "--target", str(tmp_path / "ck"), "--prompt", "t10 t11 t12", "--max-new-tokens", "8"]
@@ -142,6 +166,7 @@ def test_convert_generate_and_train_through_the_cli(tiny_models, tmp_path, capsy
     overrides = [f"target={tmp_path / 'ck'}", f"data={folder}", f"out_dir={tmp_path / 'run'}", "drafter.num_layers=1"]
     overrides += ["drafter.block_size=4", "train.max_len=32", "train.num_anchors=4", "train.anchor_chunk=4"]
     overrides += ["train.batch_size=4", "train.steps=2", "eval.val_size=4", "eval.decode_prompts=0", "eval.every=2"]
+    overrides += ["drafter.target_layer_ids=(1, 2)"]  # Qwen3.5: two linear-attention layers
     main(["train", "--config", config, *overrides])
     assert (tmp_path / "run" / "drafter" / "config.json").exists()
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
