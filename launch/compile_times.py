@@ -1,7 +1,8 @@
 """First-compile and steady-state times of each target family at tiny shapes (random weights, CPU).
 
-For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss) a tiny random model is built with
-transformers (4 layers, width 64, 8 experts of 32 with 2 per token for the MoE ones), converted,
+For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5) a tiny random model is built with
+transformers (4 layers, width 64, 8 experts of 32 with 2 per token for the MoE ones, three Gated
+DeltaNet layers and one gated attention layer for qwen3_5), converted,
 and decoded: plain greedy (32 new tokens) and speculative with a random 1-layer drafter at block 4.
 The first call compiles the whole loop; the second one reuses it.
 
@@ -26,6 +27,7 @@ VARIANTS = {
     "qwen3": {},
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
+    "qwen3_5": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
 }
 
 

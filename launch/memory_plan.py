@@ -7,6 +7,9 @@ Targets (``--target``), frozen, bfloat16, at their real shapes:
                        8 per token, vocab 151936)
   gpt_oss_20b          gpt-oss-20b (24 layers, width 2880, 64 / 8 heads of 64, 32 experts of 2880,
                        4 per token, sliding window 128 on every other layer, vocab 201088)
+  qwen3_5_9b           a Qwen3.5 9B language model (transformers' Qwen3_5TextConfig defaults: 32 layers,
+                       width 4096, 24 Gated DeltaNet layers of 16 / 32 heads of 128, 8 gated attention
+                       layers of 16 / 4 heads of 256, MLP 12288, vocab 248320)
 The drafter is the recipe's (5 layers, block 16, float32 master weights, bfloat16 compute, AdamW);
 one micro-batch of the recipe (8 sequences of 3072 tokens, 512 anchors each, anchors 32 at a time)
 is lowered and compiled for 8 simulated CPU devices arranged as (data, fsdp, tensor[, expert]).
@@ -102,7 +105,35 @@ GPT_OSS_20B = {
     "attention_bias": True,
 }
 
-TARGETS = {"qwen3_8b": QWEN3_8B, "qwen3_coder_30b_a3b": QWEN3_CODER_30B_A3B, "gpt_oss_20b": GPT_OSS_20B}
+# transformers' Qwen3_5TextConfig defaults: a 9B-parameter hybrid (24 Gated DeltaNet layers, 8 gated
+# full-attention layers), the shape of Qwen3.5-9B's language model
+QWEN3_5_9B = {
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "vocab_size": 248320,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": False,
+}
+
+TARGETS = {
+    "qwen3_8b": QWEN3_8B,
+    "qwen3_coder_30b_a3b": QWEN3_CODER_30B_A3B,
+    "gpt_oss_20b": GPT_OSS_20B,
+    "qwen3_5_9b": QWEN3_5_9B,
+}
 
 
 def per_device_bytes(tree, shardings) -> int:
