@@ -432,3 +432,20 @@ def test_written_weights_are_readable_by_others(target, tmp_path):
         os.umask(old)
     assert stat.S_IMODE((rel / "model.safetensors").stat().st_mode) == 0o644
     assert stat.S_IMODE(rel.stat().st_mode) == 0o755
+
+
+def test_unsupported_architecture_folder_is_one_line_listing_the_supported(tiny_models, tmp_path, capsys):
+    """``convert`` on a checkpoint folder of another architecture: one line that names it and lists
+    every family we read."""
+    import shutil
+
+    from dflash_jax.target import SUPPORTED_FAMILIES
+
+    _, hf_dir, _ = tiny_models["qwen2"]
+    folder = tmp_path / "mistral"
+    shutil.copytree(hf_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    msg = _run_cli(["convert", "--hf", str(folder), "--out", str(tmp_path / "ck")], capsys)
+    assert "model_type 'mistral' is not supported" in msg and len(msg.strip().splitlines()) == 1
+    assert all(family in msg for family in SUPPORTED_FAMILIES)
