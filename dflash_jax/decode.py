@@ -172,10 +172,9 @@ def prefill(
     b, p = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     taps = drafter.tap_layers if drafter is not None else ()
-    hidden, feats, cache = Target(cfg).apply(
-        {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps
+    hidden, feats, cache = Target(cfg).apply(  # recurrent layers: each row's state at its own length
+        {"params": target_params}, prompts, positions, init_cache(cfg, b, shape.cache_len), taps, prompt_lens
     )
-    cache = commit_cache(cache, prompt_lens)  # recurrent layers: each row's state at its own length
     last = jnp.take_along_axis(hidden, (prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     logits = Target(cfg).apply({"params": target_params}, last, method="logits")
     key = jax.vmap(jax.random.key)(seeds)
@@ -464,9 +463,10 @@ class Decoder:
             return self._measured[key]
         model, taps = Target(self.cfg), self.drafter.tap_layers if self.drafter is not None else ()
 
-        def verify(params, cache, tokens):
+        def verify(params, cache, tokens):  # as a round runs it: forward, LM head, the hybrid's commit
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
             hidden, feats, cache = model.apply({"params": params}, tokens, positions, cache, taps)
+            cache = commit_cache(pad_pending(cache, self.block_size), jnp.full(tokens.shape[:1], tokens.shape[1]))
             return jnp.argmax(model.apply({"params": params}, hidden, method="logits"), -1), feats, cache
 
         cache, times = init_cache(self.cfg, batch, cache_len), []

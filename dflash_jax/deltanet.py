@@ -139,7 +139,10 @@ class GatedDeltaNet(nn.Module):
     + dt_bias)``; the gated delta rule; a per-head RMSNorm gated by ``silu(in_proj_z x)``; ``out_proj``.
 
     ``cache``: ``None`` (the block from a zero state; training and full forwards) or a
-    ``LinearState``; with a cache the layer returns a ``PendingLinear`` for ``commit``.
+    ``LinearState``; with a cache the layer returns a ``PendingLinear`` for ``commit``, or, given
+    ``lengths`` ``[B]`` (prefill of right-padded prompts), the committed ``LinearState`` after each
+    row's first ``lengths[b]`` tokens (the rest masked to ``beta = g = 0``; no replay, and no
+    per-token keys and values kept).
     """
 
     hidden_size: int
@@ -152,7 +155,7 @@ class GatedDeltaNet(nn.Module):
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x: Array, cache: LinearState | None):
+    def __call__(self, x: Array, cache: LinearState | None, lengths: Array | None = None):
         d, hk, hv, dk, dv = self.hidden_size, self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
         b, t, _ = x.shape
         channels = 2 * hk * dk + hv * dv
@@ -177,7 +180,16 @@ class GatedDeltaNet(nn.Module):
         q, k = (jnp.repeat(y.reshape(b, t, hk, dk), hv // hk, axis=2) for y in (q, k))
         q, k, v = l2norm(q) * dk**-0.5, l2norm(k), v.reshape(b, t, hv, dv)
         state = jnp.zeros((b, hv, dk, dv), jnp.float32) if cache is None else cache.state
-        out, _ = gated_delta_rule(q, k, v, g, beta, state)
+        if lengths is not None and cache is not None:
+            valid = (jnp.arange(t) < lengths[:, None])[..., None]  # [B, T, 1]
+            out, final = gated_delta_rule(q, k, v, g * valid, beta * valid, state)
+            conv = jax.vmap(lambda w, s: jax.lax.dynamic_slice_in_dim(w, s, self.conv_kernel - 1, axis=0))(
+                window, lengths
+            )
+            committed = LinearState(conv, final)
+        else:
+            out, _ = gated_delta_rule(q, k, v, g, beta, state)
+            committed = None
 
         # gated RMSNorm per head (Qwen3_5RMSNormGated): normalise, cast, weight, times silu(z)
         norm_w = param(self, "norm", (dv,), (None,), nn.initializers.ones)
@@ -185,5 +197,6 @@ class GatedDeltaNet(nn.Module):
         out = norm_w.astype(dt) * out.astype(dt)
         out = (out.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(dt)
         out = out.reshape(b, t, hv * dv) @ param(self, "out_proj", (hv * dv, d), ("mlp", "embed")).astype(dt)
-        pending = None if cache is None else PendingLinear(window, state, k, v, g, beta)
-        return out, pending
+        if committed is not None:
+            return out, committed
+        return out, None if cache is None else PendingLinear(window, state, k, v, g, beta)

@@ -42,11 +42,11 @@ class RMSNorm(nn.Module):
     def __call__(self, x: Array) -> Array:
         init = nn.initializers.zeros if self.zero_centered else nn.initializers.ones
         scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), init)
-        if self.zero_centered:
-            scale = 1.0 + scale
         dtype = x.dtype
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.zero_centered:  # as Qwen3_5RMSNorm: (1 + w) and the product in float32, one rounding
+            return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
         return scale.astype(dtype) * x32.astype(dtype)
 
 

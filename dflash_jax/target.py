@@ -204,7 +204,12 @@ class TargetConfig:
             text = hf.get("text_config")
             if not isinstance(text, dict):
                 raise ConfigError("qwen3_5 config.json has no text_config object")
-            hf = {"tie_word_embeddings": hf.get("tie_word_embeddings", False), **text, "model_type": "qwen3_5_text"}
+            # transformers ties the head by the top-level flag; a top-level quantisation applies to the whole
+            top, hf = hf, {**text, "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
+            hf.update(
+                model_type="qwen3_5_text",
+                quantization_config=top.get("quantization_config") or text.get("quantization_config"),
+            )
             family = "qwen3_5_text"
         if family not in SUPPORTED_FAMILIES:
             raise ConfigError(
@@ -503,7 +508,7 @@ class DecoderLayer(nn.Module):
     layer: int = 0
 
     @nn.compact
-    def __call__(self, x, positions, cache):
+    def __call__(self, x, positions, cache, lengths=None):
         cfg = self.cfg
         norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="input_norm")(x)
         if cfg.is_linear(self.layer):
@@ -519,7 +524,7 @@ class DecoderLayer(nn.Module):
                 cfg.compute_dtype,
                 name="linear_attn",
             )
-            attn, cache = mixer(norm, cache)
+            attn, cache = mixer(norm, cache, lengths)
         else:
             attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache)
         x = x + attn
@@ -540,6 +545,10 @@ class Target(nn.Module):
       cache: ``None`` (causal forward over the block alone) or a ``KVCache``.
       tap_layers: static tuple of 0-based decoder layer ids whose **raw outputs** are
         returned (``hidden_states[i + 1]`` in transformers' convention).
+      lengths: optional int32 ``[B]`` with a cache: row ``b`` keeps only its first ``lengths[b]``
+        tokens in the linear-attention layers' state (right-padded prefill), returned committed.
+        Without it those layers return a ``PendingLinear`` for ``commit_cache`` (verification,
+        where the kept length is known only afterwards).
 
     Returns ``(hidden, taps, cache)``: hidden ``[B, T, d]`` after the final norm (feed
     it to ``logits``); taps ``[B, T, len(tap_layers) * d]`` (concatenated in the order
@@ -556,11 +565,18 @@ class Target(nn.Module):
         self.layers = [DecoderLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered)
 
-    def __call__(self, tokens: Array, positions: Array, cache: KVCache | None = None, tap_layers: Sequence[int] = ()):
+    def __call__(
+        self,
+        tokens: Array,
+        positions: Array,
+        cache: KVCache | None = None,
+        tap_layers: Sequence[int] = (),
+        lengths: Array | None = None,
+    ):
         x = self.embed(tokens)
         taps, new_cache = {}, []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache[i])
+            x, layer_cache = layer(x, positions, None if cache is None else cache[i], lengths)
             new_cache.append(layer_cache)
             if i in tap_layers:
                 taps[i] = x

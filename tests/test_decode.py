@@ -33,6 +33,17 @@ def test_batch_equals_transformers_and_single(qwen3):
         assert dec.generate([p], 24)[0].token_ids == r.token_ids
 
 
+def test_hybrid_target_batch_equals_transformers(tiny_models):
+    """Qwen3.5 (Gated DeltaNet layers): batched greedy decoding of prompts of different lengths (right
+    padding in one prefill) equals transformers' generate for each prompt alone."""
+    hf, _, path = tiny_models["qwen3_5"]
+    ck = checkpoint.load_target(path)
+    rs = np.random.RandomState(1)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (3, 30, 11)]
+    for p, r in zip(prompts, Decoder(ck.params, ck.cfg).generate(prompts, 16)):
+        assert r.token_ids == _hf_greedy(hf, p, 16)
+
+
 def test_stop_tokens_stop_each_sequence_on_its_own(qwen3):
     hf, dec = qwen3
     rs = np.random.RandomState(1)

@@ -9,11 +9,11 @@ from dflash_jax.errors import ConfigError
 from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache
 
 
-def _forward(ck, tokens, positions=None, cache=None, taps=()):
+def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
     model = Target(ck.cfg)
     if positions is None:
         positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-    hidden, feats, cache = model.apply({"params": ck.params}, tokens, positions, cache, taps)
+    hidden, feats, cache = model.apply({"params": ck.params}, tokens, positions, cache, taps, lengths)
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
@@ -24,7 +24,8 @@ FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5"]
 def test_logits_equal_transformers(tiny_models, family):
     hf, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
-    tokens = np.random.RandomState(1).randint(0, TINY["vocab_size"], (3, 50))
+    length = 150 if family == "qwen3_5" else 50  # Qwen3.5: three chunks of the delta rule, the last padded
+    tokens = np.random.RandomState(1).randint(0, TINY["vocab_size"], (3, length))
     ours, _, _ = _forward(ck, tokens)
     ref = hf_logits(hf, tokens)
     assert_close(ours, ref, HYBRID_REL if family == "qwen3_5" else TINY_REL)
@@ -73,7 +74,8 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5"])
 def test_padding_changes_no_sequence(tiny_models, family):
     """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
-    on which tokens share an expert)."""
+    on which tokens share an expert), in the padded prefill and in the block after it (Qwen3.5: the
+    state kept at each row's own length, the padding never entering it)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     rs = np.random.RandomState(4)
@@ -83,11 +85,14 @@ def test_padding_changes_no_sequence(tiny_models, family):
     for i, s in enumerate(seqs):
         batch[i, : len(s)] = s
         batch[i, len(s) :] = rs.randint(0, TINY["vocab_size"], 32 - len(s))  # arbitrary padding
-    cache = init_cache(ck.cfg, 3, 64)
-    padded, _, _ = _forward(ck, batch, cache=cache)
+    padded, _, cache = _forward(ck, batch, cache=init_cache(ck.cfg, 3, 64), lengths=np.asarray(lens))
+    following = rs.randint(0, TINY["vocab_size"], (3, 4))
+    after, _, _ = _forward(ck, following, np.asarray(lens)[:, None] + np.arange(4), cache)
     for i, s in enumerate(seqs):
-        alone, _, _ = _forward(ck, s[None], cache=init_cache(ck.cfg, 1, 64))
+        alone, _, one = _forward(ck, s[None], cache=init_cache(ck.cfg, 1, 64), lengths=np.asarray([len(s)]))
         assert_close(padded[i, : len(s)], alone[0], TINY_REL)
+        next_alone, _, _ = _forward(ck, following[i : i + 1], len(s) + np.arange(4)[None], one)
+        assert_close(after[i], next_alone[0], TINY_REL)
 
 
 BASE = {
