@@ -196,3 +196,80 @@ def stale_scratch(out: Path) -> Path:
     (folder / SCRATCH_FILE).write_text(f"{host} {pid}")
     (folder / "params").mkdir()  # half-written content
     return folder
+
+
+def write_tiny_qwen3_moe_gguf(folder: Path):
+    """A tiny random Qwen3-MoE (2 layers, width 64, 4 experts of 768: transformers' GGUF reader takes the
+    expert width from its default) saved twice: as an HF folder ``folder/hf`` and as a float32 GGUF
+    ``folder/tiny-moe.gguf`` with llama.cpp's tensor names and the embedded SmolLM2's tokenizer.
+    Returns the GGUF path."""
+    import gguf
+    import torch
+    import transformers
+
+    from dflash_jax import hub
+
+    src = gguf.GGUFReader(str(hub.smollm2_gguf()))
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    sizes = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=768, num_hidden_layers=2)
+    sizes.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2)
+    cfg = transformers.Qwen3MoeConfig(vocab_size=vocab, norm_topk_prob=True, max_position_embeddings=512, **sizes)
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_((1 + 0.1 * torch.randn_like(p)) if name.endswith("norm.weight") else 0.05 * torch.randn_like(p))
+    model.save_pretrained(folder / "hf")
+    weights = {k: v.numpy() for k, v in model.state_dict().items()}  # transformers 5: experts fused in memory
+    path = folder / "tiny-moe.gguf"
+    w, arch = gguf.GGUFWriter(str(path), "qwen3moe"), "qwen3moe"
+    for key, value in dict(
+        block_count=2, context_length=512, embedding_length=64, feed_forward_length=96, vocab_size=vocab
+    ).items():
+        w.add_uint32(f"{arch}.{key}", value)
+    for key, value in {"head_count": 4, "head_count_kv": 2, "key_length": 16, "value_length": 16}.items():
+        w.add_uint32(f"{arch}.attention.{key}", value)
+    w.add_uint32(f"{arch}.expert_count", 4)
+    w.add_uint32(f"{arch}.expert_used_count", 2)
+    w.add_uint32(f"{arch}.expert_feed_forward_length", 768)
+    w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    for key, field in src.fields.items():  # the tokenizer, as the SmolLM2 GGUF has it
+        if not key.startswith("tokenizer."):
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            strings = field.types[-1] == gguf.GGUFValueType.STRING
+            values = [bytes(field.parts[i]).decode() if strings else field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(key, values)
+        elif kind == gguf.GGUFValueType.STRING:
+            w.add_string(key, bytes(field.parts[field.data[0]]).decode())
+        else:
+            add = {gguf.GGUFValueType.UINT32: w.add_uint32, gguf.GGUFValueType.BOOL: w.add_bool}[kind]
+            add(key, field.parts[field.data[0]].tolist()[0])
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    for hf, name in top.items():
+        w.add_tensor(f"{name}.weight", weights[f"{hf}.weight"])
+    per_layer = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate": "ffn_gate_inp",
+    }
+    for i in range(2):
+        for hf, name in per_layer.items():
+            w.add_tensor(f"blk.{i}.{name}.weight", weights[f"model.layers.{i}.{hf}.weight"])
+        gate_up = weights[f"model.layers.{i}.mlp.experts.gate_up_proj"]  # [E, 2F, d], gate first
+        w.add_tensor(f"blk.{i}.ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, :768]))
+        w.add_tensor(f"blk.{i}.ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 768:]))
+        w.add_tensor(f"blk.{i}.ffn_down_exps.weight", weights[f"model.layers.{i}.mlp.experts.down_proj"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -208,3 +208,19 @@ def test_malformed_config_fields(patch, message):
         TargetConfig.from_hf(cfg)
     with pytest.raises(ConfigError, match="JSON object"):
         TargetConfig.from_hf([1, 2])
+
+
+def test_qwen3_moe_gguf_converts_like_its_hf_folder(tmp_path):
+    """A mixture-of-experts GGUF (llama.cpp's ``qwen3moe`` names, stacked experts), read through
+    transformers: the same config and exactly the same parameters as the model's HF folder."""
+    from helpers import write_tiny_qwen3_moe_gguf
+
+    from dflash_jax.target import TargetConfig
+
+    gguf_file = write_tiny_qwen3_moe_gguf(tmp_path)
+    ck = checkpoint.load_target(checkpoint.convert_gguf(gguf_file, tmp_path / "ck"))
+    hf_cfg = TargetConfig.from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    assert ck.cfg.moe == hf_cfg.moe and ck.cfg.num_layers == 2 and ck.cfg.qk_norm
+    want = checkpoint.load_hf_params(tmp_path / "hf", hf_cfg)
+    for got, ref in zip(jax.tree.leaves(ck.params), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(got), ref)
