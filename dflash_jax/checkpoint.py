@@ -155,8 +155,13 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
 
 
 def _tensor_names(path: Path) -> list[str]:
-    with safe_open(str(path), framework="numpy") as f:
-        return list(f.keys())
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return list(f.keys())
+    except Exception as e:  # safetensors raises its own error types for a cut or garbled file
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); a cut copy? copy or export it again"
+        ) from None
 
 
 def _abstract_params(cfg: TargetConfig, dtype, mesh=None):
