@@ -26,7 +26,6 @@ from typing import Any
 
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
-from safetensors import safe_open
 
 from dflash_jax import hub
 from dflash_jax.errors import CheckpointError
@@ -40,6 +39,7 @@ from dflash_jax.utils import (
     log,
     read_json,
     read_safetensors,
+    safetensors_names,
     sha256_file,
 )
 
@@ -127,7 +127,8 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         shape, or a tensor the config does not describe is present; the message names it.
     """
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
-    present = [name for p in _safetensors_files(hf_dir) for name in _tensor_names(p)]
+    files = _safetensors_files(hf_dir)
+    present = {name for p in files for name in safetensors_names(p)}
     fused = cfg.family == "qwen3_moe" and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
     multimodal = cfg.family == "qwen3_5" and any(n.startswith("model.language_model.") for n in present)
     prefix = "model.language_model." if multimodal else "model."
@@ -138,30 +139,20 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         return skipped or name.endswith("rotary_emb.inv_freq") or name == tied_head
 
     params, unused = read_safetensors(
-        _safetensors_files(hf_dir), hf_param_names(cfg, fused_experts=fused, prefix=prefix), param_shapes(cfg), ignore
+        files, hf_param_names(cfg, fused_experts=fused, prefix=prefix), param_shapes(cfg), ignore
     )
     if unused:
         raise CheckpointError(
             f"{len(unused)} tensor(s) in {hf_dir} that config.json does not describe, first: "
             f"{sorted(unused)[0]} (a config that does not match the weights?)"
         )
-    if tied_head and any(tied_head in _tensor_names(p) for p in _safetensors_files(hf_dir)):
+    if tied_head and tied_head in present:
         warnings.warn(
             f"{hf_dir}: ignored lm_head.weight, since config.json ties the LM head to the embedding "
             "(tie_word_embeddings); set it to false if the head is a separate matrix",
             stacklevel=2,
         )
     return params
-
-
-def _tensor_names(path: Path) -> list[str]:
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            return list(f.keys())
-    except Exception as e:  # safetensors raises its own error types for a cut or garbled file
-        raise CheckpointError(
-            f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); a cut copy? copy or export it again"
-        ) from None
 
 
 def _abstract_params(cfg: TargetConfig, dtype, mesh=None):

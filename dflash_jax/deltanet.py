@@ -118,16 +118,25 @@ def causal_conv(window: Array, weight: Array) -> Array:
     return nn.silu(out)
 
 
+def _kept(t: int, keep: Array) -> Array:
+    """``[B, T, 1]`` float mask of each row's first ``keep[b]`` block tokens (the rest get ``beta = g = 0``)."""
+    return (jnp.arange(t) < keep[:, None])[..., None].astype(jnp.float32)
+
+
+def _conv_after(window: Array, keep: Array, size: int) -> Array:
+    """The ``size = K - 1`` convolution inputs that end at block token ``keep[b]`` (``window``
+    ``[B, K - 1 + T, C]``: the inputs before the block, then the block's)."""
+    return jax.vmap(lambda w, s: jax.lax.dynamic_slice_in_dim(w, s, size, axis=0))(window, keep)
+
+
 def commit(pending: PendingLinear, keep: Array) -> LinearState:
     """The layer's cache after the first ``keep[b]`` tokens of row ``b``'s block (``keep`` int32 ``[B]``,
     0 .. T): the state replayed over them (later tokens masked to ``beta = g = 0``) and the
     convolution window that ends at token ``keep[b]``."""
-    kernel_minus_1 = pending.window.shape[1] - pending.k.shape[1]
-    mask = (jnp.arange(pending.k.shape[1]) < keep[:, None])[..., None]  # [B, T, 1]
+    mask = _kept(pending.k.shape[1], keep)
     zeros = jnp.zeros_like(pending.k)
     _, state = gated_delta_rule(zeros, pending.k, pending.v, pending.g * mask, pending.beta * mask, pending.state)
-    conv = jax.vmap(lambda w, s: jax.lax.dynamic_slice_in_dim(w, s, kernel_minus_1, axis=0))(pending.window, keep)
-    return LinearState(conv, state)
+    return LinearState(_conv_after(pending.window, keep, pending.window.shape[1] - pending.k.shape[1]), state)
 
 
 class GatedDeltaNet(nn.Module):
@@ -180,16 +189,13 @@ class GatedDeltaNet(nn.Module):
         q, k = (jnp.repeat(y.reshape(b, t, hk, dk), hv // hk, axis=2) for y in (q, k))
         q, k, v = l2norm(q) * dk**-0.5, l2norm(k), v.reshape(b, t, hv, dv)
         state = jnp.zeros((b, hv, dk, dv), jnp.float32) if cache is None else cache.state
-        if lengths is not None and cache is not None:
-            valid = (jnp.arange(t) < lengths[:, None])[..., None]  # [B, T, 1]
+        if cache is not None and lengths is not None:  # prefill: the state at each row's length, directly
+            valid = _kept(t, lengths)
             out, final = gated_delta_rule(q, k, v, g * valid, beta * valid, state)
-            conv = jax.vmap(lambda w, s: jax.lax.dynamic_slice_in_dim(w, s, self.conv_kernel - 1, axis=0))(
-                window, lengths
-            )
-            committed = LinearState(conv, final)
+            new_cache = LinearState(_conv_after(window, lengths, self.conv_kernel - 1), final)
         else:
             out, _ = gated_delta_rule(q, k, v, g, beta, state)
-            committed = None
+            new_cache = None if cache is None else PendingLinear(window, state, k, v, g, beta)
 
         # gated RMSNorm per head (Qwen3_5RMSNormGated): normalise, cast, weight, times silu(z)
         norm_w = param(self, "norm", (dv,), (None,), nn.initializers.ones)
@@ -197,6 +203,4 @@ class GatedDeltaNet(nn.Module):
         out = norm_w.astype(dt) * out.astype(dt)
         out = (out.astype(jnp.float32) * nn.silu(z.astype(jnp.float32))).astype(dt)
         out = out.reshape(b, t, hv * dv) @ param(self, "out_proj", (hv * dv, d), ("mlp", "embed")).astype(dt)
-        if committed is not None:
-            return out, committed
-        return out, None if cache is None else PendingLinear(window, state, k, v, g, beta)
+        return out, new_cache

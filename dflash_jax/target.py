@@ -692,28 +692,9 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str =
         names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
         names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
         if cfg.is_linear(i):
-            lin, mixer = f"{hf}linear_attn.", (*ours, "linear_attn")
-            for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
-                names[f"{lin}{p}.weight"] = ((*mixer, p), True)
-            names[f"{lin}conv1d.weight"] = ((*mixer, "conv_weight"), False)
-            for p in ("dt_bias", "A_log"):
-                names[f"{lin}{p}"] = ((*mixer, p), False)
-            names[f"{lin}norm.weight"] = ((*mixer, "norm"), False)
-            for p in ("gate", "up", "down"):
-                names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
-            continue
-        for p in "qkvo":
-            names[f"{hf}self_attn.{p}_proj.weight"] = ((*ours, "attn", f"{p}_proj"), True)
-        if cfg.qkv_bias:
-            for p in "qkv":
-                names[f"{hf}self_attn.{p}_proj.bias"] = ((*ours, "attn", f"{p}_bias"), False)
-        if cfg.o_bias:
-            names[f"{hf}self_attn.o_proj.bias"] = ((*ours, "attn", "o_bias"), False)
-        if cfg.qk_norm:
-            names[f"{hf}self_attn.q_norm.weight"] = ((*ours, "attn", "q_norm", "scale"), False)
-            names[f"{hf}self_attn.k_norm.weight"] = ((*ours, "attn", "k_norm", "scale"), False)
-        if cfg.attention_sinks:
-            names[f"{hf}self_attn.sinks"] = ((*ours, "attn", "sinks"), False)
+            names.update(_linear_attention_names(f"{hf}linear_attn.", (*ours, "linear_attn")))
+        else:
+            names.update(_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
         if not cfg.is_moe(i):
             for p in ("gate", "up", "down"):
                 names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
@@ -737,4 +718,27 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str =
                 names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
                 names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
                 names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
+    return names
+
+
+def _attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    names = {f"{hf}{p}_proj.weight": ((*ours, f"{p}_proj"), True) for p in "qkvo"}
+    if cfg.qkv_bias:
+        names.update({f"{hf}{p}_proj.bias": ((*ours, f"{p}_bias"), False) for p in "qkv"})
+    if cfg.o_bias:
+        names[f"{hf}o_proj.bias"] = ((*ours, "o_bias"), False)
+    if cfg.qk_norm:
+        names[f"{hf}q_norm.weight"] = ((*ours, "q_norm", "scale"), False)
+        names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
+    if cfg.attention_sinks:
+        names[f"{hf}sinks"] = ((*ours, "sinks"), False)
+    return names
+
+
+def _linear_attention_names(hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    names = {f"{hf}{p}.weight": ((*ours, p), True) for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
+    names[f"{hf}out_proj.weight"] = ((*ours, "out_proj"), True)
+    names[f"{hf}conv1d.weight"] = ((*ours, "conv_weight"), False)  # [C, 1, K], kept in that layout
+    names.update({f"{hf}{p}": ((*ours, p), False) for p in ("dt_bias", "A_log")})
+    names[f"{hf}norm.weight"] = ((*ours, "norm"), False)
     return names

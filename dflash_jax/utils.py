@@ -246,6 +246,24 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
     return path
 
 
+def _unreadable(path, e: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); a cut copy? copy or export it again"
+    )
+
+
+def safetensors_names(path) -> list[str]:
+    """The tensor names in one safetensors file (header only).
+
+    Raises:
+      CheckpointError: an unreadable or cut file (as ``read_safetensors`` says it)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return list(f.keys())
+    except Exception as e:  # safetensors raises its own error types for a cut or garbled file
+        raise _unreadable(path, e) from None
+
+
 def read_safetensors(
     files, names: dict[str, tuple], expected=None, ignore=lambda name: False
 ) -> tuple[dict, list[str]]:
@@ -318,10 +336,7 @@ def read_safetensors(
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for a cut or garbled file
-            raise CheckpointError(
-                f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
-                "a cut copy? copy or export it again"
-            ) from None
+            raise _unreadable(path, e) from None
     missing = sorted(set(names) - found)
     if missing:
         raise CheckpointError(f"{len(missing)} tensor(s) missing from {Path(files[0]).parent}, first: {missing[0]}")

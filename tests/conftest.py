@@ -21,20 +21,12 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
-    from helpers import make_hf_model
+    from helpers import LLAMA3_ROPE, make_hf_model
 
     from dflash_jax import checkpoint
 
-    llama3 = {
-        "rope_type": "llama3",
-        "rope_theta": 10000.0,
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
     variants = {
-        "llama": dict(rope_scaling=llama3, attention_bias=True),
+        "llama": dict(rope_scaling=LLAMA3_ROPE, attention_bias=True),
         "qwen2": dict(),
         "qwen3": dict(tie_word_embeddings=True),
         # mixture of experts: 8 experts, 2 per token; Qwen3-MoE with one dense layer between MoE layers,

@@ -80,6 +80,16 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
 # one magnitude fails at another (a SmolLM2 tap with values up to 94 missed atol=1e-3 by 3%).
 # Measured worst cases, max |got - want| / max |want|: tiny random models 3.5e-6 (logits ~6),
 # SmolLM2-135M logits 2.7e-6 (~40), its layer-28 tap 1.1e-5 (values up to 94).
+# Llama 3 RoPE scaling for the tiny Llama (a context of 64 so that the scaling changes frequencies)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
 TINY_REL = 2e-5  # tiny random float32 models: about 5x the worst measured
 # Qwen3.5's Gated DeltaNet layers: the chunked delta rule (a triangular solve per chunk, exponentials
 # of cumulative decays) rounds differently from transformers' loop; worst measured 3.6e-5 (3 seeds)

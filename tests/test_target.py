@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import HYBRID_REL, TINY, TINY_REL, assert_close, hf_logits
+from helpers import HYBRID_REL, LLAMA3_ROPE, TINY, TINY_REL, assert_close, hf_logits
 
 from dflash_jax import checkpoint
 from dflash_jax.errors import ConfigError
@@ -134,21 +134,11 @@ def test_config_reads_both_rope_layouts():
     assert old == new and old.rope_theta == 5e5 and old.qkv_bias
 
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
-
-
 @pytest.mark.parametrize(
     "patch, digest",
     [
         (
-            {"model_type": "llama", "rope_scaling": LLAMA3, "attention_bias": True},
+            {"model_type": "llama", "rope_scaling": LLAMA3_ROPE, "attention_bias": True},
             "6b5b2d0e598c878acca4f169ce767e0592b5884f24728d5d0661e2743b3d177a",
         ),
         ({"model_type": "qwen2"}, "6ee4c04c4d5f89b9dfc70f1c2ece5f227f6588228e1e6f5386695e84a7ea19d7"),
