@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from dflash_jax import hub
 from dflash_jax.errors import CheckpointError
 from dflash_jax.sharding import placed
-from dflash_jax.target import TargetConfig, hf_param_names, param_logical_specs, param_shapes
+from dflash_jax.target import HYBRID_FAMILIES, TargetConfig, hf_param_names, param_logical_specs, param_shapes
 from dflash_jax.utils import (
     META_FILE,
     atomic_folder,
@@ -129,13 +129,13 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
     files = _safetensors_files(hf_dir)
     present = {name for p in files for name in safetensors_names(p)}
-    fused = cfg.family == "qwen3_moe" and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
-    multimodal = cfg.family == "qwen3_5" and any(n.startswith("model.language_model.") for n in present)
+    fused = cfg.family in ("qwen3_moe", "qwen3_5_moe") and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
+    multimodal = cfg.family in HYBRID_FAMILIES and any(n.startswith("model.language_model.") for n in present)
     prefix = "model.language_model." if multimodal else "model."
 
     def ignore(name: str) -> bool:
         # Qwen3.5: the vision tower and the multi-token-prediction head are not part of the target
-        skipped = cfg.family == "qwen3_5" and name.startswith(("model.visual.", "mtp."))
+        skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
         return skipped or name.endswith("rotary_emb.inv_freq") or name == tied_head
 
     params, unused = read_safetensors(

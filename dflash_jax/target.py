@@ -1,9 +1,10 @@
 """The target model in Flax linen, with an explicit KV cache: Llama, Qwen2, Qwen3 (dense),
-Qwen3-MoE and gpt-oss (mixture of experts).
+Qwen3-MoE and gpt-oss (mixture of experts), Qwen3.5 and Qwen3.5-MoE (hybrid: Gated DeltaNet
+layers, ``deltanet.py``, among gated full attention).
 
 Read top to bottom: ``MoEConfig`` and ``TargetConfig`` (from a Hugging Face ``config.json``),
 ``Attention`` (grouped-query; sliding window and attention sinks for gpt-oss), ``MoE`` (router
-and experts as one grouped matmul), ``DecoderLayer``, ``Target``, then the KV-cache and
+and experts as one grouped matmul, a gated shared expert), ``DecoderLayer``, ``Target``, then the KV-cache and
 parameter helpers and the Hugging Face weight-name map (``hf_param_names``).
 
 KV cache convention: one ``(k, v)`` pair per layer, each ``[B, S, KV, D]`` with a
@@ -34,7 +35,18 @@ from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_i
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_text")
+SUPPORTED_FAMILIES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gpt_oss",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+)
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet layers among gated full attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +59,9 @@ class MoEConfig:
     biases) or ``"clamped_swiglu"`` (gpt-oss: gate and up interleaved in one ``gate_up`` projection,
     ``gate`` clamped above at ``swiglu_limit``, ``up`` to ``+-swiglu_limit``,
     ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``, biased). ``layers``: the decoder layers that
-    use experts (the others keep the dense SwiGLU of ``intermediate_size``).
+    use experts (the others keep the dense SwiGLU of ``intermediate_size``). ``shared_expert_size``:
+    when nonzero, every token also goes through one shared SwiGLU expert of that width, scaled by
+    ``sigmoid(x @ shared_expert_gate)`` (Qwen3.5-MoE's ``Qwen3NextSparseMoeBlock``).
     """
 
     num_experts: int
@@ -60,6 +74,7 @@ class MoEConfig:
     expert_mlp: str = "swiglu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    shared_expert_size: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +91,8 @@ class LinearAttentionConfig:
 
 # num_key_value_heads when config.json leaves it out, as transformers' config classes default it
 # (Llama, Qwen2, Qwen3: the number of attention heads)
-_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8, "qwen3_5": 4}
-_MAX_POSITIONS_DEFAULT = {"qwen3_moe": 32768, "gpt_oss": 131072, "qwen3_5": 32768}
+_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8, "qwen3_5": 4, "qwen3_5_moe": 2}
+_MAX_POSITIONS_DEFAULT = {"qwen3_moe": 32768, "gpt_oss": 131072, "qwen3_5": 32768, "qwen3_5_moe": 32768}
 
 # Fields added after format 1: they enter a checkpoint's config hash only when they differ from
 # their default, so targets converted before they existed keep their identity.
@@ -146,6 +161,8 @@ class TargetConfig:
         for name in _LATER_FIELDS:
             if getattr(self, name) == defaults[name]:
                 fields.pop(name)
+        if self.moe is not None and not self.moe.shared_expert_size:  # added after the first MoE targets
+            fields["moe"].pop("shared_expert_size")
         return fields
 
     @property
@@ -200,25 +217,24 @@ class TargetConfig:
             activation, MLP biases, partial rotary embeddings), each named.
         """
         family = hf.get("model_type")
-        if family == "qwen3_5":  # the multimodal config: its language model is the target
+        if family in HYBRID_FAMILIES:  # the multimodal config: its language model is the target
             text = hf.get("text_config")
             if not isinstance(text, dict):
-                raise ConfigError("qwen3_5 config.json has no text_config object")
+                raise ConfigError(f"{family} config.json has no text_config object")
             # transformers ties the head by the top-level flag; a top-level quantisation applies to the whole
             top, hf = hf, {**text, "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
             hf.update(
-                model_type="qwen3_5_text",
+                model_type=f"{family}_text",
                 quantization_config=top.get("quantization_config") or text.get("quantization_config"),
             )
-            family = "qwen3_5_text"
+            family = f"{family}_text"
         if family not in SUPPORTED_FAMILIES:
             raise ConfigError(
                 f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
             )
         gpt_oss = family == "gpt_oss"
-        hybrid = family == "qwen3_5_text"
-        if hybrid:
-            family = "qwen3_5"
+        hybrid = family.removesuffix("_text") in HYBRID_FAMILIES
+        family = family.removesuffix("_text")
         quant = hf.get("quantization_config")
         if quant:
             method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
@@ -308,7 +324,16 @@ class TargetConfig:
                 raise ConfigError(f"head_dim * partial_rotary_factor ({head_dim * partial}) must be even")
         bias = bool(hf.get("attention_bias", gpt_oss))
         moe = None
-        if family == "qwen3_moe":
+        if family == "qwen3_5_moe":  # every layer: softmax, top k, always renormalised; a gated shared expert
+            moe = MoEConfig(
+                num_experts=int(hf.get("num_experts", 256)),
+                experts_per_token=int(hf.get("num_experts_per_tok", 8)),
+                intermediate_size=int(hf.get("moe_intermediate_size", 512)),
+                layers=tuple(range(num_layers)),
+                norm_topk_prob=True,
+                shared_expert_size=int(hf.get("shared_expert_intermediate_size", 512)),
+            )
+        elif family == "qwen3_moe":
             experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
             skip, step = set(hf.get("mlp_only_layers") or ()), int(hf.get("decoder_sparse_step", 1))
             layers = tuple(i for i in range(num_layers) if i not in skip and experts > 0 and (i + 1) % step == 0)
@@ -342,7 +367,13 @@ class TargetConfig:
             family=family,
             vocab_size=int(hf["vocab_size"]),
             hidden_size=int(hf["hidden_size"]),
-            intermediate_size=int(hf.get("intermediate_size", 2880)) if gpt_oss else int(hf["intermediate_size"]),
+            intermediate_size=(
+                int(hf.get("intermediate_size", 2880))
+                if gpt_oss
+                else moe.intermediate_size  # unused: every layer has experts
+                if family == "qwen3_5_moe"
+                else int(hf["intermediate_size"])
+            ),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or _KV_HEADS_DEFAULT.get(family, heads)),
@@ -353,7 +384,7 @@ class TargetConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=True if family == "qwen2" else bias,
             o_bias=False if family == "qwen2" else bias,  # Qwen2 biases q, k, v only
-            qk_norm=family in ("qwen3", "qwen3_moe", "qwen3_5"),
+            qk_norm=family in ("qwen3", "qwen3_moe", *HYBRID_FAMILIES),
             max_position_embeddings=int(hf.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT.get(family, 4096))),
             dtype=dtype,
             layer_types=layer_types,
@@ -500,6 +531,10 @@ class MoE(nn.Module):
             out = out + param(self, "down_bias", (e, d), ("expert", "embed"), zeros).astype(dt)[chosen]
         out = out * weights.reshape(-1)[order][:, None]
         combined = jnp.zeros_like(tokens).at[order // k].add(out)
+        if moe.shared_expert_size:
+            shared = SwiGLU(d, moe.shared_expert_size, dt, name="shared_expert")(x).reshape(-1, d)
+            gate = jnp.matmul(tokens, param(self, "shared_expert_gate", (d, 1), ("embed", None)).astype(dt))
+            combined = combined + jax.nn.sigmoid(gate) * shared
         return combined.reshape(x.shape)
 
 
@@ -705,7 +740,7 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str =
             for p in ("gate_up", "down"):
                 names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
                 names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
-        elif fused_experts:  # qwen3_moe, transformers 5's fused layout
+        elif fused_experts:  # qwen3_moe, qwen3_5_moe: transformers 5's fused layout
             moe = (*ours, "moe")
             names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
             names[f"{hf}mlp.experts.gate_up_proj"] = ((*moe, "gate_up"), True)
@@ -718,6 +753,11 @@ def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str =
                 names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
                 names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
                 names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
+        if cfg.is_moe(i) and cfg.moe.shared_expert_size:
+            shared = (*ours, "moe", "shared_expert")
+            for p in ("gate", "up", "down"):
+                names[f"{hf}mlp.shared_expert.{p}_proj.weight"] = ((*shared, f"{p}_proj"), True)
+            names[f"{hf}mlp.shared_expert_gate.weight"] = ((*ours, "moe", "shared_expert_gate"), True)
     return names
 
 

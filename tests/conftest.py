@@ -39,6 +39,19 @@ def tiny_models(tmp_path_factory):
         "qwen3_5": dict(
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16
         ),
+        # hybrid with experts in every layer and a gated shared expert; two layers, one of each kind
+        "qwen3_5_moe": dict(
+            num_hidden_layers=2,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+        ),
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")

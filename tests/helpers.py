@@ -41,7 +41,8 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **overrides):
-    """Save a random tiny ``family`` model (llama/qwen2/qwen3/qwen3_moe/gpt_oss/qwen3_5) with a tokenizer to ``folder``.
+    """Save a random tiny ``family`` model (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe)
+    with a tokenizer to ``folder``.
 
     Weights are drawn with std 0.2 by default (not HF's 0.02) so logits are far from uniform
     and argmax ties are improbable. Returns the torch model (float32, eval mode).
@@ -57,7 +58,10 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
         "qwen3_moe": transformers.Qwen3MoeConfig,
         "gpt_oss": transformers.GptOssConfig,
         "qwen3_5": transformers.Qwen3_5TextConfig,
+        "qwen3_5_moe": transformers.Qwen3_5MoeTextConfig,
     }[family]
+    if family == "qwen3_5_moe":  # every layer has experts: the config has no dense intermediate_size
+        kw.pop("intermediate_size")
     tie = kw.pop("tie_word_embeddings", False)
     config = cls(**kw, tie_word_embeddings=tie)
     torch.manual_seed(seed)

@@ -1,5 +1,5 @@
-"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) and the hybrid Qwen3.5 (Gated DeltaNet + gated
-attention) in the decoder, and the MoE ones on a mesh with an expert axis.
+"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) and the hybrid Qwen3.5-MoE (Gated DeltaNet + gated
+attention, experts) in the decoder, and on a mesh with an expert axis.
 
 Their parity with transformers (logits, cached blocks, padding, the hybrid's rollback) is in
 ``test_target.py``. Every rejected draft token below is one the hybrid's commit must keep out of
@@ -19,7 +19,10 @@ from dflash_jax.sharding import axis_rules, make_mesh
 from dflash_jax.target import Target
 from dflash_jax.train_step import sharded_step, train_step
 
-MOE = ["qwen3_moe", "gpt_oss"]
+# Qwen3.5-MoE (two layers: one Gated DeltaNet, one gated attention; experts and a shared expert in both)
+# stands for the hybrids here: its rollback is the dense Qwen3.5's, whose batched decoding is
+# compared with transformers' generate in test_decode.py
+MOE = ["qwen3_moe", "gpt_oss", "qwen3_5_moe"]
 
 
 def _load(tiny_models, family):
@@ -33,16 +36,11 @@ def moe_target(request, tiny_models):
     return _load(tiny_models, request.param)
 
 
-@pytest.fixture(scope="module", params=[*MOE, "qwen3_5"])
-def new_target(request, tiny_models):
-    return _load(tiny_models, request.param)
-
-
-def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(new_target):
+def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target):
     """An oracle drafter that is wrong at chosen positions: every round's acceptance is the one the
     SPEC rule gives, the output is the plain greedy output, rows stop at a stop token and at the
     length limit inside a block."""
-    _, ck, plain = new_target
+    _, ck, plain = moe_target
     bs, rs = 6, np.random.RandomState(7)
     prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11)]
     greedy = [r.token_ids for r in plain.generate(prompts, 40)]
@@ -59,11 +57,11 @@ def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(new_target
     assert got[1].token_ids[-1] == stop and len(got[1].token_ids) <= 26
 
 
-def test_random_drafter_greedy_and_sampled(new_target):
+def test_random_drafter_greedy_and_sampled(moe_target):
     """A random DFlash drafter on an MoE target: greedy output equals plain decoding (most rounds
     reject inside the block); sampled, a row's tokens do not depend on the batch it is in (its
     distribution is the chi-square test of ``test_sampling.py``, which the target does not enter)."""
-    _, ck, plain = new_target
+    _, ck, plain = moe_target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     drafter = (init_drafter_params(dcfg, seed=1), dcfg)
     rs = np.random.RandomState(3)

@@ -17,18 +17,19 @@ def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers(tiny_models, family):
     hf, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
-    length = 150 if family == "qwen3_5" else 50  # Qwen3.5: three chunks of the delta rule, the last padded
+    hybrid = ck.cfg.linear is not None
+    length = 150 if hybrid else 50  # Qwen3.5: three chunks of the delta rule, the last padded
     tokens = np.random.RandomState(1).randint(0, TINY["vocab_size"], (3, length))
     ours, _, _ = _forward(ck, tokens)
     ref = hf_logits(hf, tokens)
-    assert_close(ours, ref, HYBRID_REL if family == "qwen3_5" else TINY_REL)
+    assert_close(ours, ref, HYBRID_REL if hybrid else TINY_REL)
     assert (ours.argmax(-1) == ref.argmax(-1)).all()
 
 
@@ -184,9 +185,38 @@ def test_defaults_of_a_minimal_config_are_transformers(family):
         assert explicit.yarn is None  # rope parameters given: no YaRN default, as transformers
 
 
-def test_fused_qwen3_moe_checkpoint_loads(tmp_path, tiny_models):
+@pytest.mark.parametrize("family", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_defaults_of_a_minimal_hybrid_config_are_transformers(family):
+    """Qwen3.5 (-MoE) text configs that leave fields out read as transformers' config classes fill them in."""
+    import transformers
+
+    minimal = {"model_type": family, "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 8}
+    minimal.update(num_attention_heads=16, **({"intermediate_size": 48} if family == "qwen3_5_text" else {}))
+    ours = TargetConfig.from_hf(minimal)
+    theirs = transformers.AutoConfig.for_model(**minimal)
+    assert ours.num_kv_heads == theirs.num_key_value_heads and ours.head_dim == theirs.head_dim
+    assert list(ours.layer_types) == theirs.layer_types and ours.rms_norm_eps == theirs.rms_norm_eps
+    assert ours.partial_rotary_factor == theirs.rope_parameters["partial_rotary_factor"]
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    lin = ours.linear
+    assert (lin.num_k_heads, lin.num_v_heads) == (theirs.linear_num_key_heads, theirs.linear_num_value_heads)
+    assert (lin.head_k_dim, lin.head_v_dim) == (theirs.linear_key_head_dim, theirs.linear_value_head_dim)
+    assert lin.conv_kernel == theirs.linear_conv_kernel_dim
+    assert ours.max_position_embeddings == theirs.max_position_embeddings
+    if family == "qwen3_5_moe_text":
+        moe = ours.moe
+        assert (moe.num_experts, moe.experts_per_token) == (theirs.num_experts, theirs.num_experts_per_tok)
+        assert moe.intermediate_size == theirs.moe_intermediate_size
+        assert moe.shared_expert_size == theirs.shared_expert_intermediate_size and moe.norm_topk_prob
+        assert moe.layers == tuple(range(8))
+    else:
+        assert ours.moe is None and ours.intermediate_size == 48
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_fused_expert_checkpoint_loads(tmp_path, tiny_models, family):
     """transformers 5's fused expert layout (``save_original_format=False``) loads like the per-expert one."""
-    hf, hf_dir, path = tiny_models["qwen3_moe"]
+    hf, hf_dir, path = tiny_models[family]
     hf.save_pretrained(tmp_path / "fused", save_original_format=False)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (hf_dir / name).exists():
@@ -228,8 +258,9 @@ def test_rejected_tokens_leave_no_trace_in_the_recurrent_state(tiny_models):
         assert_close(kept, full[b, : len(kept)], TINY_REL)
 
 
-def test_multimodal_qwen3_5_checkpoint_converts_to_its_language_model(tmp_path):
-    """A Qwen3.5 checkpoint with its vision tower (``model.language_model.*``, ``model.visual.*``):
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_multimodal_qwen3_5_checkpoint_converts_to_its_language_model(tmp_path, family):
+    """A Qwen3.5 (-MoE) checkpoint with its vision tower (``model.language_model.*``, ``model.visual.*``):
     the target is the language model, equal to transformers' text forward; the vision weights are skipped."""
     import torch
     import transformers
@@ -238,17 +269,26 @@ def test_multimodal_qwen3_5_checkpoint_converts_to_its_language_model(tmp_path):
     text = dict(
         TINY, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16
     )
+    if family == "qwen3_5_moe":
+        text.pop("intermediate_size")
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
     vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=TINY["hidden_size"])
-    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    classes = {
+        "qwen3_5": (transformers.Qwen3_5Config, transformers.Qwen3_5ForConditionalGeneration),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeConfig, transformers.Qwen3_5MoeForConditionalGeneration),
+    }
+    config_class, model_class = classes[family]
+    config = config_class(text_config=text, vision_config=vision)
     torch.manual_seed(0)
-    model = transformers.Qwen3_5ForConditionalGeneration(config).float().eval()
+    model = model_class(config).float().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(0.2 * torch.randn_like(p))
     model.save_pretrained(tmp_path / "hf")
     tiny_tokenizer(TINY["vocab_size"]).save_pretrained(tmp_path / "hf")
     ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / "hf", tmp_path / "ck"))
-    assert ck.cfg.family == "qwen3_5" and ck.cfg.is_linear(0) and not ck.cfg.is_linear(3)
+    assert ck.cfg.family == family and ck.cfg.is_linear(0) and not ck.cfg.is_linear(3)
+    assert (ck.cfg.moe is not None) == (family == "qwen3_5_moe")
     tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
     ours, _, _ = _forward(ck, tokens)
     assert_close(ours, hf_logits(model, tokens), HYBRID_REL)
