@@ -215,11 +215,19 @@ def convert_hf(
     return out
 
 
+# GGUF architectures whose files transformers' reader does not turn into a whole model: for gpt-oss
+# (transformers 5.24) it finds neither the experts (llama.cpp's ffn_{gate,up,down}_exps) nor the
+# attention sinks, nor the 64-dim heads (measured on a tiny float32 gpt-oss GGUF in llama.cpp's layout)
+GGUF_UNREADABLE = {"gpt-oss": "convert the Hugging Face release instead (a bfloat16 copy of its MXFP4 weights)"}
+
+
 def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """Dequantise a GGUF file into a Hugging Face folder (float32 safetensors + tokenizer) via transformers.
 
     Raises:
-      CheckpointError: the file is missing or is not a GGUF file.
+      CheckpointError: the file is missing or is not a GGUF file; its architecture is one transformers
+        does not read whole (``GGUF_UNREADABLE``); or the model transformers builds from it lacks
+        tensors (transformers would fill them at random and only log it).
     """
     gguf_file, out = Path(gguf_file), Path(out)
     if not gguf_file.is_file():
@@ -228,18 +236,41 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
         if f.read(4) != b"GGUF":
             raise CheckpointError(f"{gguf_file} is not a GGUF file (it does not start with the 'GGUF' magic)")
     try:
+        import gguf
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # pragma: no cover - depends on the install
         raise CheckpointError(f"GGUF import needs the [gguf] extra (pip install 'dflash-jax[gguf]'): {e}") from None
+
+    def unreadable(e: Exception) -> CheckpointError:  # the gguf reader raises many types for a cut or garbled file
+        return CheckpointError(
+            f"{gguf_file} is not a readable GGUF model ({type(e).__name__}: {str(e)[:200]}); "
+            "check the file (a cut download?) or convert it with llama.cpp's tools"
+        )
+
+    try:
+        field = gguf.GGUFReader(str(gguf_file)).fields.get("general.architecture")
+        arch = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    except Exception as e:
+        raise unreadable(e) from None
+    if arch in GGUF_UNREADABLE:
+        raise CheckpointError(
+            f"{gguf_file} is a {arch} GGUF, which transformers' GGUF reader does not read whole (experts, "
+            f"attention sinks); {GGUF_UNREADABLE[arch]}"
+        )
     folder, name = str(gguf_file.parent), gguf_file.name
     try:  # no remote code: a GGUF carries no Python, and a folder's own files are never run
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32", trust_remote_code=False)
-    except Exception as e:  # the gguf reader raises many types for a cut or garbled file
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype="float32", trust_remote_code=False, output_loading_info=True
+        )
+    except Exception as e:
+        raise unreadable(e) from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
         raise CheckpointError(
-            f"{gguf_file} is not a readable GGUF model ({type(e).__name__}: {str(e)[:200]}); "
-            "check the file (a cut download?) or convert it with llama.cpp's tools"
-        ) from None
+            f"{gguf_file} ({arch}) lacks {len(missing)} tensors of the model transformers builds from it "
+            f"(first: {missing[0]}); convert the Hugging Face release instead"
+        )
     # transformers marks GGUF-loaded models as quantised and refuses to save them; the
     # weights are already dequantised floats, so drop the marker.
     model.hf_quantizer = None

@@ -212,11 +212,11 @@ def stale_scratch(out: Path) -> Path:
     return folder
 
 
-def write_tiny_qwen3_moe_gguf(folder: Path):
+def write_tiny_qwen3_moe_gguf(folder: Path, omit: tuple[str, ...] = ()):
     """A tiny random Qwen3-MoE (2 layers, width 64, 4 experts of 768: transformers' GGUF reader takes the
     expert width from its default) saved twice: as an HF folder ``folder/hf`` and as a float32 GGUF
-    ``folder/tiny-moe.gguf`` with llama.cpp's tensor names and the embedded SmolLM2's tokenizer.
-    Returns the GGUF path."""
+    ``folder/tiny-moe.gguf`` with llama.cpp's tensor names (but those in ``omit``) and the embedded
+    SmolLM2's tokenizer. Returns the GGUF path."""
     import gguf
     import torch
     import transformers
@@ -261,6 +261,8 @@ def write_tiny_qwen3_moe_gguf(folder: Path):
         else:
             add = {gguf.GGUFValueType.UINT32: w.add_uint32, gguf.GGUFValueType.BOOL: w.add_bool}[kind]
             add(key, field.parts[field.data[0]].tolist()[0])
+    add_tensor = w.add_tensor
+    w.add_tensor = lambda name, value: None if name in omit else add_tensor(name, value)
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     for hf, name in top.items():
         w.add_tensor(f"{name}.weight", weights[f"{hf}.weight"])

@@ -224,3 +224,29 @@ def test_qwen3_moe_gguf_converts_like_its_hf_folder(tmp_path):
     want = checkpoint.load_hf_params(tmp_path / "hf", hf_cfg)
     for got, ref in zip(jax.tree.leaves(ck.params), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(got), ref)
+
+
+def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
+    """transformers fills a tensor a GGUF lacks at random and only logs it; the conversion refuses instead."""
+    from helpers import write_tiny_qwen3_moe_gguf
+
+    gguf_file = write_tiny_qwen3_moe_gguf(tmp_path, omit=("blk.1.ffn_down_exps.weight",))
+    with pytest.raises(CheckpointError, match=r"lacks 1 tensors .*first: model\.layers\.1\.mlp\.experts"):
+        checkpoint.convert_gguf(gguf_file, tmp_path / "ck")
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "ck.hf").exists()
+
+
+def test_a_gpt_oss_gguf_is_refused_with_the_fix(tmp_path):
+    """transformers 5.24 reads neither the experts nor the sinks of llama.cpp's gpt-oss GGUFs: one line
+    naming the architecture and the fix, before any tensor is read."""
+    import gguf
+
+    path = tmp_path / "oss.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    w.add_uint32("gpt-oss.block_count", 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="gpt-oss GGUF, which transformers' GGUF reader does not read whole"):
+        checkpoint.convert_gguf(path, tmp_path / "ck")
