@@ -26,8 +26,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check dflash_jax tests launch configs
 	$(VENV)/bin/lint-imports
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist, tests handed out as workers free up):
+# most of a test's time is XLA compiling, one core each, so 2 workers keep this 2-core machine busy.
+# The embedded model is materialised first, so that no two workers write it at once.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -c "from dflash_jax import checkpoint, hub; checkpoint.resolve_target(hub.SMOLLM2)"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
