@@ -25,6 +25,11 @@ def get_config() -> ConfigDict:
     c.drafter.target_layer_ids = ()  # () = the SPEC default for num_layers
     c.drafter.layer_types = ()  # () = all full_attention
     c.drafter.sliding_window = None
+    # what fills a block after its anchor: "mask" (DFlash) or "ngram" (the prompt-lookup continuation
+    # of the committed tokens, n-gram lengths ngram_max .. ngram_min; mask tokens where it ends)
+    c.drafter.block_input = "mask"
+    c.drafter.ngram_max = 4
+    c.drafter.ngram_min = 1
 
     c.train = ConfigDict()
     c.train.steps = 2000

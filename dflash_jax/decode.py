@@ -75,6 +75,7 @@ class LoopShape:
     block_size: int
     max_rounds: int  # size of the per-round acceptance record
     verify_lengths: tuple[int, ...] = ()  # compiled verify lengths to choose from per round (() = block_size)
+    calibrate: bool = True  # with verify_lengths: correct the step's confidence per row online (``calibrate``)
 
 
 class LoopState(NamedTuple):
@@ -87,6 +88,7 @@ class LoopState(NamedTuple):
     rounds: Array  # [B] rounds run so far
     accepted: Array  # [B, max_rounds] tokens committed per round
     key: Array  # [B] PRNG keys (used only when sampling)
+    calibration: Array  # [B, CALIBRATION_BINS, 2] float32: draft tokens checked / accepted (``calibrate``)
 
 
 def _row_slice(x: Array, start: Array, size: int) -> Array:
@@ -139,6 +141,47 @@ def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, 
     row = jnp.argmax(expected / costs.astype(jnp.float32), axis=1)  # [B]
     index = jnp.max(jnp.where(active, row, 0)).astype(jnp.int32)
     return index, jnp.asarray(lengths, jnp.int32)[row]
+
+
+# Online calibration of a draft step's confidence, per row (``calibrate``): confidences fall in
+# CALIBRATION_BINS equal bins of [0, 1]; each bin starts from CALIBRATION_PRIOR pseudo-verifications
+# at the step's own estimate, and every draft token the target checks adds one observation.
+CALIBRATION_BINS = 10
+CALIBRATION_PRIOR = 4.0
+
+
+def _conf_bins(conf: Array) -> Array:
+    return jnp.clip((conf * CALIBRATION_BINS).astype(jnp.int32), 0, CALIBRATION_BINS - 1)
+
+
+def calibrate(conf: Array, stats: Array) -> Array:
+    """A draft step's per-offset confidence ``conf [B, K]`` corrected by what this row's earlier
+    rounds showed: in the bin of each confidence, ``(accepted + prior * conf) / (checked + prior)``.
+
+    ``stats`` float32 ``[B, CALIBRATION_BINS, 2]``: per row and confidence bin, the draft tokens the
+    target checked and how many of them it accepted (``update_calibration``). A row's estimate
+    reads its own history only, so its output never depends on the batch; and it only steers the
+    verify length (``choose_verify_length``), so decoding stays lossless. (A step's confidence
+    table is an average over prompt sets; on a row that repeats itself less, such as an MBPP
+    answer, it over-trusts the draft: docs/BENCHMARKS.md "Prompt lookup and the default settings".)
+    """
+    bins = _conf_bins(conf)
+    checked = jnp.take_along_axis(stats[..., 0], bins, axis=1)
+    accepted = jnp.take_along_axis(stats[..., 1], bins, axis=1)
+    return (accepted + CALIBRATION_PRIOR * conf) / (checked + CALIBRATION_PRIOR)
+
+
+def update_calibration(stats: Array, conf: Array, accepted: Array, checked: Array) -> Array:
+    """``stats`` after a round in which each row's target checked draft offsets ``1 .. checked [B]``
+    and accepted the first ``accepted [B]`` of them: offset ``k`` counts as checked when every
+    earlier one was accepted (its acceptance is conditional on theirs, as ``conf`` is), and as
+    accepted when ``k <= accepted``. ``conf [B, K]``: the step's uncalibrated confidence."""
+    k = jnp.arange(1, conf.shape[1] + 1)
+    seen = k <= jnp.minimum(accepted + 1, checked)[:, None]
+    hit = seen & (k <= accepted[:, None])
+    onehot = jax.nn.one_hot(_conf_bins(conf), CALIBRATION_BINS, dtype=jnp.float32)  # [B, K, bins]
+    counts = jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
+    return stats + counts
 
 
 def sample_draft(key: Array, q: Array) -> Array:
@@ -202,6 +245,7 @@ def prefill(
         jnp.zeros((b,), jnp.int32),
         jnp.zeros((b, shape.max_rounds), jnp.int32),
         key,
+        jnp.zeros((b, CALIBRATION_BINS, 2), jnp.float32),
     )
 
 
@@ -266,9 +310,11 @@ def decode_loop(
             if num_draft is not None:  # the step drafted fewer real tokens than the block holds
                 num_valid = jnp.minimum(num_valid, num_draft)
             block = block.at[:, 1:].set(draft)
+        calibration = s.calibration
         if len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
             conf = jnp.ones(block[:, 1:].shape, jnp.float32) if conf is None else conf
-            choice, row_lengths = choose_verify_length(conf, num_valid, active, lengths, verify_costs)
+            trusted = calibrate(conf, calibration) if shape.calibrate else conf
+            choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs)
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
             branches = [partial(verify, length) for length in lengths]
             out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
@@ -284,6 +330,9 @@ def decode_loop(
         else:
             a, bonus = accept(k_accept, block[:, 1:], q, out, num_valid)
             bonus = bonus[:, None]
+        if len(lengths) > 1 and shape.calibrate:
+            checked = jnp.where(active, num_valid, 0)
+            calibration = update_calibration(calibration, conf, a, jnp.maximum(checked, 0))
         new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
         produced = jnp.minimum(a + 1, s.limit - s.start - 1)
         stops = _is_stop(new, stop_ids) & (offsets < produced[:, None])
@@ -306,7 +355,7 @@ def decode_loop(
         accepted = jnp.where(
             active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]), produced[:, None], s.accepted
         )
-        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key)
+        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key, calibration)
 
     def cond(s: LoopState):
         return jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
@@ -356,6 +405,7 @@ class Decoder:
         sampling: Sampling = GREEDY,
         verify_lengths: Sequence[int] | str | None = None,
         verify_costs: Sequence[float] | None = None,
+        calibrate: bool = True,
     ):
         """Args:
           target_params, cfg: the target (``Target`` parameters and config).
@@ -389,6 +439,8 @@ class Decoder:
           verify_costs: a round's cost at each verify length, in any unit; default (or
             ``"measure"``): measured on this machine when a shape is first compiled
             (``measure_verify_costs``: the target's verify at each length, timed).
+          calibrate: with ``verify_lengths``, correct the step's confidence row by row from the
+            acceptance its earlier rounds saw (``calibrate``); ``False`` trusts the step as it is.
 
         Raises:
           ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
@@ -434,6 +486,7 @@ class Decoder:
         if self.verify_lengths and isinstance(self.drafter, DraftStep):  # its confidences choose the length
             self.drafter = dataclasses.replace(self.drafter, confidence=True)
         self.verify_costs = tuple(float(c) for c in verify_costs) if len(lengths) > 1 else ()
+        self.calibrate = bool(calibrate)
         self._compiled: dict[tuple, tuple] = {}
         self._measured: dict[tuple, tuple[float, ...]] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
@@ -444,7 +497,9 @@ class Decoder:
         need = p + max_new_tokens + self.block_size
         cache_len = -(-need // 256) * 256
         max_rounds = max_new_tokens  # every round commits at least one token
-        return LoopShape(bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds, self.verify_lengths)
+        return LoopShape(
+            bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds, self.verify_lengths, self.calibrate
+        )
 
     def costs_for(self, shape: LoopShape) -> np.ndarray:
         """float32 ``[len(verify_lengths)]`` (``[1]`` when there is one length): the round costs the

@@ -29,6 +29,7 @@ from flax import linen as nn
 from dflash_jax import masks
 from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
+from dflash_jax.ngram import ngram_propose
 from dflash_jax.target import Target, TargetConfig, write_block
 
 Array = jax.Array
@@ -44,6 +45,9 @@ def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) ->
         return (num_target_layers // 2,)
     span = num_target_layers - 4
     return tuple(round(1 + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers))
+
+
+BLOCK_INPUTS = ("mask", "ngram")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +76,18 @@ class DrafterConfig:
     final_logit_softcapping: float | None = None
     max_position_embeddings: int = 40960
     dtype: str = "float32"
+    # What fills a block after its anchor (a dflash-jax extension, ``block_tokens``): "mask" (DFlash:
+    # mask tokens) or "ngram" (the prompt-lookup continuation of the committed tokens, n-gram
+    # lengths ngram_max .. ngram_min, mask tokens where it ends)
+    block_input: str = "mask"
+    ngram_max: int = 4
+    ngram_min: int = 1
 
     def __post_init__(self):
+        if self.block_input not in BLOCK_INPUTS:
+            raise ConfigError(f"block_input {self.block_input!r} is not one of {', '.join(BLOCK_INPUTS)}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
         if len(self.layer_types) != self.num_layers:
@@ -208,6 +222,9 @@ class DrafterConfig:
             final_logit_softcapping=number("final_logit_softcapping", float) if softcap else None,
             max_position_embeddings=number("max_position_embeddings", default=40960, top_only=True),
             dtype=dtype,
+            block_input=str(dcfg.get("block_input", "mask")),
+            ngram_max=number("ngram_max", default=4),
+            ngram_min=number("ngram_min", default=1),
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:
@@ -247,9 +264,35 @@ class DrafterConfig:
                 "final_logit_softcapping": self.final_logit_softcapping,
             },
         }
+        if self.block_input != "mask":  # read by dflash-jax only: dflash==0.1.0 fills blocks with mask tokens
+            out["dflash_config"].update(
+                block_input=self.block_input, ngram_max=self.ngram_max, ngram_min=self.ngram_min
+            )
         if target_identity:
             out["dflash_config"]["target_identity"] = target_identity
         return out
+
+
+def block_tokens(cfg: DrafterConfig, anchor: Array, start: Array, block_len: int, tokens: Array | None) -> Array:
+    """The drafter's input block int32 ``[B, block_len]``: the anchor, then mask tokens (DFlash, SPEC
+    "Drafting"); with ``cfg.block_input == "ngram"`` offsets ``1 .. num`` hold the prompt-lookup
+    continuation of each row's committed tokens (``ngram.ngram_propose`` over ``tokens[b, :start[b]+1]``,
+    the rule of SPEC "N-gram (prompt-lookup) drafting") and mask tokens follow it.
+
+    Args:
+      anchor: int32 ``[B]`` the last committed token of each row (at position ``start``).
+      start: int32 ``[B]`` its position.
+      tokens: int32 ``[B, L]`` tokens by absolute position, ``L > start + block_len - 1`` (the
+        decoding loop's buffer; in training the sequence, padded); read only for "ngram".
+    The training forward (``loss.block_logits``) and the draft step (``DraftStep``) both build
+    their blocks here, so a drafter sees at decoding exactly the inputs it was trained on.
+    """
+    block = jnp.full((anchor.shape[0], block_len), cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
+    if cfg.block_input == "ngram":
+        draft, num = ngram_propose(tokens, start, block_len - 1, cfg.ngram_max, cfg.ngram_min)
+        proposed = jnp.where(jnp.arange(block_len - 1) < num[:, None], draft, cfg.mask_token_id)
+        block = block.at[:, 1:].set(proposed)
+    return block
 
 
 class DrafterAttention(nn.Module):
@@ -472,11 +515,10 @@ class DraftStep:
         *,
         tokens: Array | None = None,
     ):
-        """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``.
-
-        ``tokens`` (the loop's token buffer, part of the draft-step protocol) is not used."""
-        b = anchor.shape[0]
-        block = jnp.full((b, block_len), self.cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
+        """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``
+        (``block_tokens``: with ``block_input="ngram"`` the prompt-lookup continuation of ``tokens``,
+        the loop's token buffer ``[B, L]``, in place of the first mask tokens)."""
+        block = block_tokens(self.cfg, anchor, start, block_len, tokens)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
         masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
         positions = start[:, None] + jnp.arange(block_len)
@@ -495,11 +537,9 @@ class DraftStep:
         *,
         tokens: Array | None = None,
     ):
-        """Greedy draft tokens ``[B, block_len - 1]`` for blocks ``[anchor, MASK...]`` at ``start``;
-        with ``confidence``, ``(tokens, None, probability of each token [B, block_len - 1])``.
-
-        ``tokens`` is not used (as in ``logits``)."""
-        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len)
+        """Greedy draft tokens ``[B, block_len - 1]`` for the blocks of ``logits``; with
+        ``confidence``, ``(tokens, None, probability of each token [B, block_len - 1])``."""
+        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
         draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         if not self.confidence:
             return draft

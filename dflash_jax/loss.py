@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax import masks as masks_lib
-from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, draft_logits
+from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, block_tokens, draft_logits
 from dflash_jax.target import Target, TargetConfig
 
 Array = jax.Array
@@ -135,7 +135,9 @@ def block_logits(
     b, a = anchors.positions.shape
     bs, t = cfg.block_size, tokens.shape[1]
     first = jnp.take_along_axis(tokens, anchors.positions, axis=1)  # x_p
-    block = jnp.full((b, a, bs), cfg.mask_token_id, jnp.int32).at[:, :, 0].set(first)
+    # each block as the draft step builds it, from the tokens up to its anchor (the rest padded away)
+    context = None if cfg.block_input == "mask" else jnp.repeat(jnp.pad(tokens, ((0, 0), (0, bs))), a, axis=0)
+    block = block_tokens(cfg, first.reshape(-1), anchors.positions.reshape(-1), bs, context)
     emb = block_embeddings(block.reshape(b, a * bs), target_params, tcfg, cfg)
     positions = (anchors.positions[:, :, None] + jnp.arange(bs)).reshape(b, a * bs)
     layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions, anchors.valid, bs)

@@ -18,6 +18,7 @@ and LM head) is frozen and stored once, in the target checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -180,7 +181,9 @@ class Trainer:
         """Weights of the drafter in ``folder`` (a fresh run continues from it: a new schedule and
         optimiser state); its config must be this run's."""
         loaded, cfg, _ = load_drafter(folder)
-        ours, theirs = self.dcfg.to_released(), cfg.to_released()
+        # what fills the blocks is no parameter: a mask-token drafter may start an n-gram-input run
+        inputs = dict(block_input=self.dcfg.block_input, ngram_max=self.dcfg.ngram_max, ngram_min=self.dcfg.ngram_min)
+        ours, theirs = self.dcfg.to_released(), dataclasses.replace(cfg, **inputs).to_released()
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if diff:
             raise ConfigError(

@@ -17,7 +17,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from dflash_jax.drafter import DrafterConfig, check_fits
+from dflash_jax.drafter import BLOCK_INPUTS, DrafterConfig, check_fits
 from dflash_jax.errors import ConfigError
 from dflash_jax.target import TargetConfig
 from dflash_jax.tokens import mask_token_id
@@ -114,6 +114,9 @@ def validate_config(c) -> None:
         d.sliding_window is None or (is_int(d.sliding_window) and d.sliding_window >= 1),
         "drafter.sliding_window must be a positive integer or None",
     )
+    need(d.get("block_input", "mask") in BLOCK_INPUTS, f"drafter.block_input must be one of {', '.join(BLOCK_INPUTS)}")
+    nmax, nmin = d.get("ngram_max", 4), d.get("ngram_min", 1)
+    need(is_int(nmax) and is_int(nmin) and 1 <= nmin <= nmax, "drafter.ngram_min/ngram_max need 1 <= min <= max")
     for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
         need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
     need(t.max_len >= 2, "train.max_len must be >= 2")
@@ -155,6 +158,9 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
     if d.layer_types:
         kw["layer_types"] = tuple(d.layer_types)
         kw["sliding_window"] = d.sliding_window
+    kw.update(
+        block_input=d.get("block_input", "mask"), ngram_max=d.get("ngram_max", 4), ngram_min=d.get("ngram_min", 1)
+    )
     cfg = DrafterConfig.for_target(
         target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask, dtype=c.train.compute_dtype, **kw
     )

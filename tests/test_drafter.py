@@ -112,3 +112,24 @@ def test_released_drafter_with_yarn_rope_is_refused():
     yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
     with pytest.raises(ConfigError, match="rope type 'yarn' is not supported for drafters"):
         DrafterConfig.from_released({**released, "rope_scaling": yarn})
+
+
+def test_ngram_block_input_survives_the_released_format(tmp_path):
+    """``block_input="ngram"`` and its n-gram lengths are written to ``dflash_config`` and read back;
+    a mask-token drafter's config has no such keys; the reference still loads the folder."""
+    import dataclasses
+
+    from dflash.model import DFlashDraftModel
+
+    from dflash_jax.errors import ConfigError
+
+    plain = DrafterConfig.for_target(TARGET, num_layers=1, block_size=8, mask_token_id=3)
+    assert "block_input" not in plain.to_released()["dflash_config"]
+    cfg = dataclasses.replace(plain, block_input="ngram", ngram_max=3, ngram_min=2)
+    out = export_released(init_drafter_params(cfg, seed=0), cfg, tmp_path / "d")
+    _, back, _ = import_released(out)
+    assert (back.block_input, back.ngram_max, back.ngram_min) == ("ngram", 3, 2) and back == cfg
+    DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
+    for bad, message in ((dict(block_input="oracle"), "block_input 'oracle'"), (dict(ngram_min=0), "ngram_min")):
+        with pytest.raises(ConfigError, match=message):
+            dataclasses.replace(plain, **bad)

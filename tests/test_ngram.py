@@ -375,3 +375,66 @@ def _accept_without_residual(key, draft, q, p, num_valid):
         return a, jax.random.categorical(k_b, jnp.log(p[a])).astype(jnp.int32)
 
     return jax.vmap(row)(key, draft, q, p, num_valid)
+
+
+# --- 5. a DFlash drafter whose blocks carry the n-gram continuation ------------------------------
+
+
+def test_ngram_block_input_is_the_rule():
+    """``drafter.block_tokens`` with ``block_input="ngram"``: the anchor, the rule's proposals, then
+    mask tokens; with "mask": the anchor and mask tokens only."""
+    from dflash_jax.drafter import DrafterConfig, block_tokens
+
+    rng = np.random.default_rng(3)
+    batch, span, bs, mask = 5, 30, 6, 1
+    cfg = TargetConfig.from_hf(
+        dict(
+            model_type="qwen3",
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            head_dim=4,
+        )
+    )
+    counts = set()
+    for nmax, nmin in ((4, 1), (3, 2)):
+        dcfg = DrafterConfig.for_target(cfg, 1, bs, mask, block_input="ngram", ngram_max=nmax, ngram_min=nmin)
+        plain = DrafterConfig.for_target(cfg, 1, bs, mask)
+        for _ in range(10):
+            tokens = rng.integers(2, 8, (batch, span + bs)).astype(np.int32)
+            starts = rng.integers(0, span, batch).astype(np.int32)
+            anchor = tokens[np.arange(batch), starts]
+            got = np.asarray(jax.jit(block_tokens, static_argnums=(0, 3))(dcfg, anchor, starts, bs, tokens))
+            np.testing.assert_array_equal(
+                np.asarray(block_tokens(plain, anchor, starts, bs, None)),
+                np.concatenate([anchor[:, None], np.full((batch, bs - 1), mask)], 1),
+            )
+            for b in range(batch):
+                want, _, _ = ref_propose(tokens[b, : starts[b] + 1].tolist(), bs - 1, nmax, nmin)
+                counts.add(len(want))
+                assert got[b].tolist() == [anchor[b], *want] + [mask] * (bs - 1 - len(want))
+    assert {0, bs - 1} <= counts and len(counts) > 2, counts  # none, full and cut continuations seen
+
+
+@pytest.mark.parametrize("verify_lengths", [None, (1, 3, 8)])
+def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
+    """A random DFlash drafter fed the n-gram continuation: greedy output equals plain decoding, batch 4,
+    with the whole block verified or a verify length chosen per round."""
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+
+    tgt, plain = target
+    dcfg = DrafterConfig.for_target(tgt.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram")
+    dec = Decoder(
+        tgt.params,
+        tgt.cfg,
+        drafter=(init_drafter_params(dcfg, seed=2), dcfg),
+        **({"verify_lengths": verify_lengths} if verify_lengths else {}),
+    )
+    prompts = _prompts(5)
+    want = plain.generate(prompts, 30)
+    got = dec.generate(prompts, 30)
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids
+    assert max(max(g.acceptance_lengths) for g in got) > 1  # some draft tokens were accepted

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 from test_ngram import _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
 
-from dflash_jax.decode import AUTO_VERIFY_LENGTHS, Decoder, choose_verify_length
+from dflash_jax.decode import (
+    AUTO_VERIFY_LENGTHS,
+    CALIBRATION_BINS,
+    Decoder,
+    calibrate,
+    choose_verify_length,
+    update_calibration,
+)
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.ngram import HybridStep, NgramStep, ngram_match
 from dflash_jax.sampling import Sampling
@@ -39,6 +46,45 @@ def test_choose_verify_length_maximises_expected_tokens_per_cost_row_by_row():
     assert int(index) == 1 and rows.tolist() == [2]
 
 
+def test_calibration_counts_what_the_target_checked_and_corrects_the_confidence():
+    """``update_calibration`` counts a checked offset only when every earlier one was accepted;
+    ``calibrate`` starts at the step's confidence and moves to the row's observed acceptance, and
+    the verify length follows it: a row whose confident drafts keep failing falls back to a plain step."""
+    conf = jnp.asarray([[0.95, 0.95, 0.95, 0.55], [0.35, 0.35, 0.35, 0.35]], jnp.float32)
+    stats = jnp.zeros((2, CALIBRATION_BINS, 2), jnp.float32)
+    np.testing.assert_allclose(calibrate(conf, stats), conf, rtol=1e-6)  # no history: the step's own
+    # row 0 checked 4 offsets, accepted 2 (offset 3 rejected, offset 4 unseen); row 1 checked 1, accepted 1
+    after = update_calibration(stats, conf, jnp.asarray([2, 1]), jnp.asarray([4, 1]))
+    assert after[0, 9].tolist() == [3.0, 2.0] and after[0, 5].tolist() == [0.0, 0.0]
+    assert after[1, 3].tolist() == [1.0, 1.0] and float(after.sum()) == 7.0
+    got = calibrate(conf, after)
+    np.testing.assert_allclose(got[0, :3], (2 + 4 * 0.95) / (3 + 4), rtol=1e-6)
+    np.testing.assert_allclose(got[1], (1 + 4 * 0.35) / (1 + 4), rtol=1e-6)
+    lengths, costs, num = (1, 2, 4), jnp.asarray([1.0, 1.6, 2.3]), jnp.asarray([4, 4])
+    one = conf[:1]
+    assert choose_verify_length(one, num[:1], jnp.asarray([True]), lengths, costs)[1].tolist() == [4]
+    failing = stats[:1]
+    for _ in range(10):  # every round: offset 1 checked and rejected
+        failing = update_calibration(failing, one, jnp.asarray([0]), jnp.asarray([3]))
+    index, rows = choose_verify_length(calibrate(one, failing), num[:1], jnp.asarray([True]), lengths, costs)
+    assert rows.tolist() == [1] and int(index) == 0
+
+
+def test_calibration_changes_no_token(target):  # noqa: F811
+    """An over-confident step (prompt lookup trusted fully) with and without online calibration:
+    the same greedy tokens as plain decoding, and calibration verifies fewer tokens per round."""
+    ck, plain = target
+    prompts = _prompts(3)
+    want = [r.token_ids for r in plain.generate(prompts, 40)]
+    step = NgramStep(block_size=8, confidence=0.99)
+    kw = dict(drafter=step, block_size=8, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.6, 2.3, 2.6))
+    trusting = Decoder(ck.params, ck.cfg, calibrate=False, **kw).generate(prompts, 40)
+    calibrated = Decoder(ck.params, ck.cfg, **kw).generate(prompts, 40)
+    assert [r.token_ids for r in trusting] == want == [r.token_ids for r in calibrated]
+    rounds = [sum(len(r.acceptance_lengths) for r in out) for out in (trusting, calibrated)]
+    assert rounds[0] != rounds[1], rounds  # the calibrated policy chose other verify lengths
+
+
 def _dflash(ck, bs=8):
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=bs, mask_token_id=3)
     return init_drafter_params(dcfg, seed=0), dcfg
@@ -56,7 +102,15 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
         "hybrid": (params, HybridStep(DraftStep(dcfg, ck.cfg, True), NgramStep(block_size=8, confidence=0.7))),
     }[which]
     full = Decoder(ck.params, ck.cfg, drafter=step, block_size=8)
-    short = Decoder(ck.params, ck.cfg, drafter=step, block_size=8, verify_lengths=(1, 2), verify_costs=(1, 1.2, 2.5))
+    short = Decoder(
+        ck.params,
+        ck.cfg,
+        drafter=step,
+        block_size=8,
+        verify_lengths=(1, 2),
+        verify_costs=(1, 1.2, 2.5),
+        calibrate=False,
+    )
     cheap = Decoder(ck.params, ck.cfg, drafter=step, block_size=8, verify_lengths=(1, 4), verify_costs=(1, 1, 1))
     assert short.verify_lengths == (1, 2, 8) and cheap.verify_lengths == (1, 4, 8)
     got_full, got_short, got_cheap = (d.generate(prompts, 40, (5,)) for d in (full, short, cheap))
@@ -66,7 +120,7 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
     assert [r.acceptance_lengths for r in got_cheap] == [r.acceptance_lengths for r in got_full]
     # With lengths (1, 2, 8) at costs (1, 1.2, 2.5), verifying 2 beats 8 for confidence-0.7 (or lower)
     # drafts (1.7 / 1.2 > 3.14 / 2.5), so no round commits more than 2 tokens, though the full loop
-    # commits more on these prompts.
+    # commits more on these prompts (the confidences as the step gives them: calibrate=False).
     assert max(a for r in got_short for a in r.acceptance_lengths) <= 2
     if which != "dflash":  # (a random drafter's draft is rejected anyway)
         assert max(a for r in got_full for a in r.acceptance_lengths) > 2
