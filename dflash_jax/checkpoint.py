@@ -252,6 +252,16 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
         arch = bytes(field.parts[field.data[0]]).decode() if field is not None else None
     except Exception as e:
         raise unreadable(e) from None
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    def plain(name: str) -> str:  # llama.cpp spells qwen3moe / gpt-oss what transformers spells qwen3_moe / gpt_oss
+        return name.replace("_", "").replace("-", "")
+
+    if arch is not None and plain(arch) not in {plain(a) for a in GGUF_SUPPORTED_ARCHITECTURES}:
+        raise CheckpointError(
+            f"{gguf_file} is a {arch} GGUF, which transformers' GGUF reader does not read; "
+            "convert the Hugging Face release instead"
+        )
     if arch in GGUF_UNREADABLE:
         raise CheckpointError(
             f"{gguf_file} is a {arch} GGUF, which transformers' GGUF reader does not read whole (experts, "

@@ -83,6 +83,13 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
         "(on a CPU 1, 2, 4, 8, 16 up to the block size; elsewhere the block), 'full' (the block: the plain "
         "DFlash loop), or numbers such as 1,4,16",
     )
+    p.add_argument(
+        "--calibrate",
+        default="on",
+        choices=["on", "off"],
+        help="with several verify lengths: correct the drafter's confidence per prompt from the acceptance its "
+        "earlier rounds saw (on), or trust it as given (off)",
+    )
 
 
 def _verify_lengths(args):
@@ -389,6 +396,7 @@ def cmd_generate(args) -> None:
             block_size=args.block_size,
             sampling=sampling,
             verify_lengths=verify_lengths,
+            calibrate=args.calibrate == "on",
         )
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -611,6 +619,7 @@ def cmd_bench(args) -> None:
                 drafter=_speculation(args, ck, tok, drafter_path),
                 sampling=sampling,
                 verify_lengths=verify_lengths,
+                calibrate=args.calibrate == "on",
             )
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -625,7 +634,8 @@ def cmd_bench(args) -> None:
                 "default": {
                     "prompt_lookup": args.prompt_lookup,
                     "verify_lengths": args.verify_lengths,
-                    "code": "speculation_for v1",
+                    "calibrate": args.calibrate,
+                    "code": "speculation_for v2",  # v2: the verify-length policy calibrated per row
                 }
             }
             if "default" in arms

@@ -236,17 +236,25 @@ def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
     assert not (tmp_path / "ck").exists() and not (tmp_path / "ck.hf").exists()
 
 
-def test_a_gpt_oss_gguf_is_refused_with_the_fix(tmp_path):
-    """transformers 5.24 reads neither the experts nor the sinks of llama.cpp's gpt-oss GGUFs: one line
-    naming the architecture and the fix, before any tensor is read."""
+@pytest.mark.parametrize(
+    "arch, message",
+    [
+        # transformers 5.24 reads neither the experts nor the sinks of llama.cpp's gpt-oss GGUFs
+        ("gpt-oss", "gpt-oss GGUF, which transformers' GGUF reader does not read whole"),
+        # nor Qwen3.5's (llama.cpp's qwen35) at all
+        ("qwen35", "qwen35 GGUF, which transformers' GGUF reader does not read; convert the Hugging Face"),
+    ],
+)
+def test_a_gguf_transformers_cannot_read_is_refused_with_the_fix(tmp_path, arch, message):
+    """One line naming the architecture and the fix (not "a cut download?"), before any tensor is read."""
     import gguf
 
-    path = tmp_path / "oss.gguf"
-    w = gguf.GGUFWriter(str(path), "gpt-oss")
-    w.add_uint32("gpt-oss.block_count", 2)
+    path = tmp_path / "model.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", 2)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(CheckpointError, match="gpt-oss GGUF, which transformers' GGUF reader does not read whole"):
+    with pytest.raises(CheckpointError, match=message):
         checkpoint.convert_gguf(path, tmp_path / "ck")

@@ -105,16 +105,18 @@ def test_generate_cli_json(tiny_models, capsys):
 
 
 def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys):
-    """--drafter ngram (prompt lookup), the defaults (auto: prompt lookup for a target without a
-    shipped drafter, verify lengths auto) and a bad --verify-lengths, through the command line."""
+    """--drafter ngram (prompt lookup, with and without --calibrate), the defaults (auto: prompt lookup
+    for a target without a shipped drafter, verify lengths auto) and a bad --verify-lengths, through
+    the command line."""
     from dflash_jax.cli import main
 
     _, _, path = tiny_models["qwen3"]
     base = ["generate", "--target", str(path), "--prompt", "t10 t11 t12 t10 t11 t12 t10 t11", "--max-new-tokens", "12"]
     outs = []
-    for extra in (["--drafter", "none"], ["--drafter", "ngram", "--verify-lengths", "1,4"], []):
+    ngram = ["--drafter", "ngram", "--verify-lengths", "1,4"]
+    for extra in (["--drafter", "none"], ngram, [*ngram, "--calibrate", "off"], []):
         main([*base, *extra, "--json"])
         outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"])
-    assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 12
+    assert outs[0] == outs[1] == outs[2] == outs[3] and len(outs[0]) == 12
     with pytest.raises(SystemExit, match="--verify-lengths takes auto, full or positive numbers"):
         main([*base, "--verify-lengths", "four"])
