@@ -1,8 +1,9 @@
 """First-compile and steady-state times of each target family at tiny shapes (random weights, CPU).
 
-For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5) a tiny random model is built with
-transformers (4 layers, width 64, 8 experts of 32 with 2 per token for the MoE ones, three Gated
-DeltaNet layers and one gated attention layer for qwen3_5), converted,
+For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe; ``--families`` picks
+some) a tiny random model is built with transformers (4 layers, width 64, 8 experts of 32 with 2 per
+token for the MoE ones, three Gated DeltaNet layers and one gated attention layer for the Qwen3.5
+ones), converted,
 and decoded: plain greedy (32 new tokens) and speculative with a random 1-layer drafter at block 4.
 The first call compiles the whole loop; the second one reuses it.
 
@@ -28,12 +29,23 @@ VARIANTS = {
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
     "qwen3_5": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
+    "qwen3_5_moe": dict(
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
 }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/bench/compile_times.json")
+    ap.add_argument("--families", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = ap.parse_args()
     from helpers import make_hf_model
 
@@ -44,7 +56,8 @@ def main():
     rows = []
     prompts = [list(range(4, 20)), list(range(30, 41))]
     with tempfile.TemporaryDirectory() as tmp:
-        for family, kw in VARIANTS.items():
+        for family in args.families:
+            kw = VARIANTS[family]
             make_hf_model(family, Path(tmp) / family, **kw)
             ck = checkpoint.load_target(checkpoint.convert_hf(Path(tmp) / family, Path(tmp) / f"{family}-ck"))
             dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)

@@ -128,9 +128,18 @@ def test_expert_axis_mesh_gives_the_same_training_loss(moe_target):
     assert float(want["loss"]) > 0
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5"])
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16)
+CLI_FAMILIES = {
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
+    "qwen3_5": LINEAR,
+    "qwen3_5_moe": dict(LINEAR, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+}
+
+
+@pytest.mark.parametrize("family", CLI_FAMILIES)
 def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
-    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept an MoE and a hybrid target."""
+    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept every new family."""
     import json
     from pathlib import Path
 
@@ -140,15 +149,11 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
     from dflash_jax.cli import main
 
     hf_dir = tmp_path / "hf"
-    if family == "gpt_oss":
-        make_hf_model(
-            family, hf_dir, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8
-        )
-    else:
-        make_hf_model(family, hf_dir, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16)
+    make_hf_model(family, hf_dir, **CLI_FAMILIES[family])
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
     ck = checkpoint.load_target(tmp_path / "ck")
-    assert ck.cfg.family == family and (ck.cfg.moe is not None) == (family == "gpt_oss")
+    assert ck.cfg.family == family and (ck.cfg.moe is not None) == (family != "qwen3_5")
+    assert (ck.cfg.linear is not None) == family.startswith("qwen3_5")
     records = []
     for drafter in ("none", "random"):
         args = ["generate", "--target", str(tmp_path / "ck"), "--prompt", "t10 t11 t12", "--max-new-tokens", "8"]
