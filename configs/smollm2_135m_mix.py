@@ -4,7 +4,7 @@ The data is ``data/smollm2-mix``: the target's own greedy answers (cap 256 token
 both Alpaca sets and both code-instruction sets (``../shared/data/train``), shuffled together by
 ``prepare-data``, so any prefix of its shards is a mix of all five. This config continues the
 shipped drafter (``init_from`` the asset: 2 layers reading target layers 1, 14, 27, block 16)
-on the first 6 shards with stage 5's settings (lr 7e-4, loss offsets 1..8, stored features), 32
+on the first 5 shards with stage 5's settings (lr 7e-4, loss offsets 1..8, stored features), 32
 answers of the first 2 shards held out. ``smollm2_135m_mix_ngram.py`` is the same run with the
 n-gram continuation in the blocks (``drafter.block_input="ngram"``): the pair compares the two
 block inputs at equal compute. Resumable: rerun the same command after an interruption.
@@ -24,12 +24,12 @@ def get_config():
     c = stage5()
     c.init_from = "assets/smollm2-135m-instruct-dflash"
     c.data = "data/smollm2-mix"
-    c.data_shards = 6
+    c.data_shards = 5
     c.out_dir = "runs/mix_mask"
     c.eval.val_within_shards = 2
     c.eval.every = 100
     c.eval.decode_prompts = 4
     c.ckpt.every = 50
-    c.train.steps = 200
+    c.train.steps = 100
     c.train.lr = 7e-4
     return c
