@@ -137,9 +137,10 @@ def target():
     return _Tiny(params, cfg), Decoder(params, cfg)
 
 
-def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=()):
+def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=(), pad=None):
     """Tokens committed per round by the rule when ``seq`` (prompt + the target's greedy tokens,
-    at least ``prompt_len + max_new`` long) is what the target produces."""
+    at least ``prompt_len + max_new`` long) is what the target produces; with ``pad``, the draft
+    is filled up to the block with that token (a drafter that copies an n-gram block input)."""
     limit = prompt_len + max_new
     start, rounds = prompt_len, []
     if seq[start] in stop_ids:
@@ -147,6 +148,8 @@ def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=()):
     while start + 1 < limit:
         v = min(bs, limit - start)
         draft, _, _ = ref_propose(seq[: start + 1], bs - 1, nmax, nmin)
+        if pad is not None:
+            draft = draft + [pad] * (bs - 1 - len(draft))
         a = 0
         while a < min(len(draft), v - 1) and draft[a] == seq[start + 1 + a]:
             a += 1
@@ -418,23 +421,46 @@ def test_ngram_block_input_is_the_rule():
     assert {0, bs - 1} <= counts and len(counts) > 2, counts  # none, full and cut continuations seen
 
 
+def _copy_drafter(tgt, dcfg):
+    """A target whose output head is its embedding transposed and a DFlash drafter whose blocks
+    add nothing (zero attention and MLP outputs, unit norms): the drafter predicts, at every
+    offset, the token its block input holds there (a random embedding's own row scores highest:
+    |e|^2 ~ 2.6 against cross terms of std ~0.3 at dimension 64)."""
+    from dflash_jax.drafter import init_drafter_params
+
+    params = dict(tgt.params, lm_head=tgt.params["embedding"].T)
+
+    def copy(path, x):
+        names = jax.tree_util.keystr(path)
+        if "o_proj" in names or "down_proj" in names:
+            return jnp.zeros_like(x)
+        return jnp.ones_like(x) if "norm" in names else x
+
+    return params, jax.tree_util.tree_map_with_path(copy, init_drafter_params(dcfg, seed=2))
+
+
 @pytest.mark.parametrize("verify_lengths", [None, (1, 3, 8)])
 def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
-    """A random DFlash drafter fed the n-gram continuation: greedy output equals plain decoding, batch 4,
-    with the whole block verified or a verify length chosen per round."""
-    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    """A DFlash drafter fed the n-gram continuation as its block input and built to copy it: greedy
+    output equals plain decoding, batch 4; with the whole block verified its rounds are exactly
+    prompt lookup's (``expected_rounds``, mask tokens where the continuation ends), with a verify
+    length chosen per round (fixed costs, calibrated confidence) some of its drafts are accepted."""
+    from dflash_jax.drafter import DrafterConfig
 
-    tgt, plain = target
-    dcfg = DrafterConfig.for_target(tgt.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram")
-    dec = Decoder(
-        tgt.params,
-        tgt.cfg,
-        drafter=(init_drafter_params(dcfg, seed=2), dcfg),
-        **({"verify_lengths": verify_lengths} if verify_lengths else {}),
-    )
+    tgt, _ = target
+    bs, n_new, mask = 8, 30, 3
+    dcfg = DrafterConfig.for_target(tgt.cfg, num_layers=1, block_size=bs, mask_token_id=mask, block_input="ngram")
+    params, dparams = _copy_drafter(tgt, dcfg)
+    plain = Decoder(params, tgt.cfg)
+    kw = dict(verify_lengths=verify_lengths, verify_costs=(1.0, 1.2, 2.0)) if verify_lengths else {}
+    dec = Decoder(params, tgt.cfg, drafter=(dparams, dcfg), **kw)
     prompts = _prompts(5)
-    want = plain.generate(prompts, 30)
-    got = dec.generate(prompts, 30)
+    want = plain.generate(prompts, n_new)
+    got = dec.generate(prompts, n_new)
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
-    assert max(max(g.acceptance_lengths) for g in got) > 1  # some draft tokens were accepted
+    if verify_lengths is None:
+        free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]
+        for p, seq, g in zip(prompts, free, got):
+            assert g.acceptance_lengths == expected_rounds(seq, len(p), bs, n_new, 4, 1, pad=mask)
+    assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 10  # drafts were accepted
