@@ -30,6 +30,9 @@ def get_config() -> ConfigDict:
     c.drafter.block_input = "mask"
     c.drafter.ngram_max = 4
     c.drafter.ngram_min = 1
+    # with "ngram": a learned logit bonus for the proposed token per matched length and offset,
+    # starting at this value (None: no bonus)
+    c.drafter.copy_bias = None
 
     c.train = ConfigDict()
     c.train.steps = 2000
@@ -44,6 +47,7 @@ def get_config() -> ConfigDict:
     c.train.loss_offsets = 0  # supervise block offsets 1..N only (0 = all B-1, the recipe); the LM head runs on N
     c.train.length_buckets = ()  # e.g. (256, 320): pad each batch to the smallest that holds it (() = max_len)
     c.train.lr = 6e-4
+    c.train.copy_bias_lr = 0.0  # the copy-bias table's peak lr (logit units; 0 = train.lr like the rest)
     c.train.warmup_frac = 0.04
     c.train.weight_decay = 0.0
     c.train.b1 = 0.9

@@ -29,7 +29,7 @@ from flax import linen as nn
 from dflash_jax import masks
 from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
-from dflash_jax.ngram import ngram_propose
+from dflash_jax.ngram import ngram_match
 from dflash_jax.target import Target, TargetConfig, write_block
 
 Array = jax.Array
@@ -82,12 +82,19 @@ class DrafterConfig:
     block_input: str = "mask"
     ngram_max: int = 4
     ngram_min: int = 1
+    # With "ngram": a learned logit bonus for the token the block input holds at each offset, one
+    # per matched n-gram length and offset, all starting at this value (``copy_prior``); None: none
+    copy_bias: float | None = None
 
     def __post_init__(self):
         if self.block_input not in BLOCK_INPUTS:
             raise ConfigError(f"block_input {self.block_input!r} is not one of {', '.join(BLOCK_INPUTS)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.copy_bias is not None and self.block_input != "ngram":
+            raise ConfigError(
+                'copy_bias rewards copying the n-gram block input: set block_input="ngram" or copy_bias None'
+            )
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
         if len(self.layer_types) != self.num_layers:
@@ -225,6 +232,7 @@ class DrafterConfig:
             block_input=str(dcfg.get("block_input", "mask")),
             ngram_max=number("ngram_max", default=4),
             ngram_min=number("ngram_min", default=1),
+            copy_bias=None if dcfg.get("copy_bias") is None else float(dcfg["copy_bias"]),
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:
@@ -268,12 +276,21 @@ class DrafterConfig:
             out["dflash_config"].update(
                 block_input=self.block_input, ngram_max=self.ngram_max, ngram_min=self.ngram_min
             )
+            if self.copy_bias is not None:
+                out["dflash_config"]["copy_bias"] = self.copy_bias
         if target_identity:
             out["dflash_config"]["target_identity"] = target_identity
         return out
 
 
 def block_tokens(cfg: DrafterConfig, anchor: Array, start: Array, block_len: int, tokens: Array | None) -> Array:
+    """``block_inputs`` without the match: the drafter's input block int32 ``[B, block_len]``."""
+    return block_inputs(cfg, anchor, start, block_len, tokens)[0]
+
+
+def block_inputs(
+    cfg: DrafterConfig, anchor: Array, start: Array, block_len: int, tokens: Array | None
+) -> tuple[Array, Array, Array]:
     """The drafter's input block int32 ``[B, block_len]``: the anchor, then mask tokens (DFlash, SPEC
     "Drafting"); with ``cfg.block_input == "ngram"`` offsets ``1 .. num`` hold the prompt-lookup
     continuation of each row's committed tokens (``ngram.ngram_propose`` over ``tokens[b, :start[b]+1]``,
@@ -286,13 +303,36 @@ def block_tokens(cfg: DrafterConfig, anchor: Array, start: Array, block_len: int
         decoding loop's buffer; in training the sequence, padded); read only for "ngram".
     The training forward (``loss.block_logits``) and the draft step (``DraftStep``) both build
     their blocks here, so a drafter sees at decoding exactly the inputs it was trained on.
+
+    Returns:
+      ``(block, num, matched)``: the block, int32 ``[B]`` how many offsets after the anchor hold
+      proposed tokens, and int32 ``[B]`` the length of the n-gram that matched (0: none; both 0
+      for "mask").
     """
     block = jnp.full((anchor.shape[0], block_len), cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
+    num = matched = jnp.zeros_like(anchor)
     if cfg.block_input == "ngram":
-        draft, num = ngram_propose(tokens, start, block_len - 1, cfg.ngram_max, cfg.ngram_min)
+        draft, num, matched = ngram_match(tokens, start, block_len - 1, cfg.ngram_max, cfg.ngram_min)
         proposed = jnp.where(jnp.arange(block_len - 1) < num[:, None], draft, cfg.mask_token_id)
         block = block.at[:, 1:].set(proposed)
-    return block
+    return block, num, matched
+
+
+def copy_prior(logits: Array, params, cfg: DrafterConfig, block: Array, num: Array, matched: Array) -> Array:
+    """``logits [..., K, V]`` (offsets ``1 .. K`` of blocks ``block [..., >= K + 1]``) plus, where
+    offset ``k <= num`` holds a proposed n-gram token, the learned bonus ``copy_bias[matched - 1,
+    k - 1]`` on that token's logit; unchanged when ``cfg.copy_bias`` is None (a dflash-jax
+    extension: the drafter starts out trusting prompt lookup as far as the bonus says and learns
+    per matched length and offset how far to). ``num``, ``matched``: int ``[...]`` (``block_inputs``)."""
+    if cfg.copy_bias is None:
+        return logits
+    k = logits.shape[-2]
+    table = params["copy_bias"]  # [ngram_max, block_size - 1]
+    offsets = jnp.arange(k)
+    bonus = table[jnp.maximum(matched - 1, 0)[..., None], offsets]  # [..., K]
+    bonus = jnp.where(offsets < num[..., None], bonus, 0.0)
+    hit = jnp.arange(logits.shape[-1]) == block[..., 1 : k + 1, None]
+    return logits + jnp.where(hit, bonus[..., None], 0.0).astype(logits.dtype)
 
 
 class DrafterAttention(nn.Module):
@@ -377,6 +417,9 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.rms_norm_eps)
         self.layers = [DrafterLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c.rms_norm_eps)
+        if c.copy_bias is not None:
+            init = nn.initializers.constant(c.copy_bias)
+            self.copy_bias = param(self, "copy_bias", (c.ngram_max, c.block_size - 1), (None, None), init)
 
     def fuse(self, feats: Array) -> Array:
         dt = self.cfg.compute_dtype
@@ -397,7 +440,8 @@ class Drafter(nn.Module):
         kv = self.context_kv(ctx, positions[:, :1].repeat(feats.shape[1], 1))
         t, s = block_emb.shape[1], feats.shape[1]
         masks = [jnp.ones((block_emb.shape[0], t, s + t), bool)] * self.cfg.num_layers
-        return self(block_emb, positions, kv, masks)
+        out = self(block_emb, positions, kv, masks)
+        return (out, self.copy_bias) if self.cfg.copy_bias is not None else out
 
 
 def _variables(cfg: DrafterConfig, seed: int = 0):
@@ -433,6 +477,8 @@ def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]
         "fc.weight": (("fc",), True),
         "hidden_norm.weight": (("hidden_norm", "scale"), False),
     }
+    if cfg.copy_bias is not None:  # a dflash-jax extension (``copy_prior``)
+        names["copy_bias"] = (("copy_bias",), False)
     for i in range(cfg.num_layers):
         r, o = f"layers.{i}.", (f"layers_{i}",)
         for p in "qkvo":
@@ -518,12 +564,13 @@ class DraftStep:
         """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``
         (``block_tokens``: with ``block_input="ngram"`` the prompt-lookup continuation of ``tokens``,
         the loop's token buffer ``[B, L]``, in place of the first mask tokens)."""
-        block = block_tokens(self.cfg, anchor, start, block_len, tokens)
+        block, num, matched = block_inputs(self.cfg, anchor, start, block_len, tokens)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
         masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
         positions = start[:, None] + jnp.arange(block_len)
         hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
-        return draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
+        logits = draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
+        return copy_prior(logits, params, self.cfg, block, num, matched)
 
     def draft(
         self,

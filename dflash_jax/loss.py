@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax import masks as masks_lib
-from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, block_tokens, draft_logits
+from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, block_inputs, copy_prior, draft_logits
 from dflash_jax.target import Target, TargetConfig
 
 Array = jax.Array
@@ -137,14 +137,15 @@ def block_logits(
     first = jnp.take_along_axis(tokens, anchors.positions, axis=1)  # x_p
     # each block as the draft step builds it, from the tokens up to its anchor (the rest padded away)
     context = None if cfg.block_input == "mask" else jnp.repeat(jnp.pad(tokens, ((0, 0), (0, bs))), a, axis=0)
-    block = block_tokens(cfg, first.reshape(-1), anchors.positions.reshape(-1), bs, context)
+    block, num, matched = block_inputs(cfg, first.reshape(-1), anchors.positions.reshape(-1), bs, context)
     emb = block_embeddings(block.reshape(b, a * bs), target_params, tcfg, cfg)
     positions = (anchors.positions[:, :, None] + jnp.arange(bs)).reshape(b, a * bs)
     layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions, anchors.valid, bs)
     hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks)
     k = loss_offsets or bs - 1
     hidden = hidden.reshape(b, a, bs, -1)[:, :, 1 : k + 1]
-    return draft_logits(hidden, target_params, tcfg, cfg)
+    logits = draft_logits(hidden, target_params, tcfg, cfg)
+    return copy_prior(logits, drafter_params, cfg, block.reshape(b, a, bs), num.reshape(b, a), matched.reshape(b, a))
 
 
 def block_loss(

@@ -182,7 +182,9 @@ class Trainer:
         optimiser state); its config must be this run's."""
         loaded, cfg, _ = load_drafter(folder)
         # what fills the blocks is no parameter: a mask-token drafter may start an n-gram-input run
-        inputs = dict(block_input=self.dcfg.block_input, ngram_max=self.dcfg.ngram_max, ngram_min=self.dcfg.ngram_min)
+        # (a copy bias it lacks starts at the config's value)
+        d = self.dcfg
+        inputs = dict(block_input=d.block_input, ngram_max=d.ngram_max, ngram_min=d.ngram_min, copy_bias=d.copy_bias)
         ours, theirs = self.dcfg.to_released(), dataclasses.replace(cfg, **inputs).to_released()
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if diff:
@@ -190,6 +192,8 @@ class Trainer:
                 f"init_from {folder}: its drafter differs from this config's in {', '.join(diff)}; "
                 "set the drafter.* fields to match it"
             )
+        if d.copy_bias is not None and "copy_bias" not in loaded:
+            loaded = dict(loaded, copy_bias=params["copy_bias"])
         return jax.tree.map(lambda a, b: np.asarray(b, a.dtype), params, loaded)
 
     # -- checkpoints

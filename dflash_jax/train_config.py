@@ -78,7 +78,11 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
     return cfg
 
 
-NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets")  # left out of a run's identity at their defaults
+NEWER_TRAIN_FIELDS = (
+    "loss_offsets",
+    "length_buckets",
+    "copy_bias_lr",
+)  # left out of a run's identity at their defaults
 
 
 def validate_config(c) -> None:
@@ -117,6 +121,12 @@ def validate_config(c) -> None:
     need(d.get("block_input", "mask") in BLOCK_INPUTS, f"drafter.block_input must be one of {', '.join(BLOCK_INPUTS)}")
     nmax, nmin = d.get("ngram_max", 4), d.get("ngram_min", 1)
     need(is_int(nmax) and is_int(nmin) and 1 <= nmin <= nmax, "drafter.ngram_min/ngram_max need 1 <= min <= max")
+    bias = d.get("copy_bias")
+    need(
+        bias is None
+        or (isinstance(bias, (int, float)) and not isinstance(bias, bool) and d.get("block_input") == "ngram"),
+        'drafter.copy_bias must be None or a number, with drafter.block_input="ngram"',
+    )
     for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
         need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
     need(t.max_len >= 2, "train.max_len must be >= 2")
@@ -134,6 +144,14 @@ def validate_config(c) -> None:
     )
     for key in ("gamma", "lr"):
         need(isinstance(t[key], (int, float)) and t[key] > 0, f"train.{key} must be a positive number")
+    need(
+        isinstance(t.get("copy_bias_lr", 0.0), (int, float)) and t.get("copy_bias_lr", 0.0) >= 0,
+        "train.copy_bias_lr must be a number >= 0 (0: train.lr)",
+    )
+    need(
+        not t.get("copy_bias_lr") or c.drafter.get("copy_bias") is not None,
+        "train.copy_bias_lr is the copy-bias table's learning rate: set drafter.copy_bias too, or 0",
+    )
     for key in ("warmup_frac", "weight_decay", "b1", "b2"):
         need(isinstance(t[key], (int, float)) and 0 <= t[key] <= 1, f"train.{key} must be in [0, 1]")
     need(isinstance(t.grad_clip, (int, float)) and t.grad_clip > 0, "train.grad_clip must be a positive number")
@@ -159,7 +177,10 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
         kw["layer_types"] = tuple(d.layer_types)
         kw["sliding_window"] = d.sliding_window
     kw.update(
-        block_input=d.get("block_input", "mask"), ngram_max=d.get("ngram_max", 4), ngram_min=d.get("ngram_min", 1)
+        block_input=d.get("block_input", "mask"),
+        ngram_max=d.get("ngram_max", 4),
+        ngram_min=d.get("ngram_min", 1),
+        copy_bias=None if d.get("copy_bias") is None else float(d.copy_bias),
     )
     cfg = DrafterConfig.for_target(
         target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask, dtype=c.train.compute_dtype, **kw

@@ -28,11 +28,20 @@ def make_schedule(t) -> optax.Schedule:
 
 
 def make_optimizer(t) -> optax.GradientTransformation:
-    """AdamW on the warmup-cosine schedule, after global-norm clipping (SPEC "Training" 7)."""
-    return optax.chain(
+    """AdamW on the warmup-cosine schedule, after global-norm clipping (SPEC "Training" 7).
+
+    With ``t.copy_bias_lr`` (> 0) the drafter's copy-bias table (``drafter.copy_prior``, logit
+    units, where Adam's steps of about ``lr`` would take thousands of updates to move it by one)
+    has its own peak learning rate on the same schedule (its AdamW updates scaled by
+    ``copy_bias_lr / lr``)."""
+    parts = [
         optax.clip_by_global_norm(t.grad_clip),
         optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay),
-    )
+    ]
+    if t.get("copy_bias_lr"):
+        ratio = t.copy_bias_lr / t.lr
+        parts.append(optax.stateless(lambda u, params=None: {**u, "copy_bias": u["copy_bias"] * ratio}))
+    return optax.chain(*parts)
 
 
 def train_step(

@@ -14,6 +14,7 @@ sequence of the data (held-out ones included) can be checked.
 """
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -26,27 +27,49 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
     """Acceptance length (1..block_size) at each anchor ``p`` from the first answer token (the
     anchor of a decode's first round: the prefill commits that token) to the last position with a
     whole block after it: int array of length ``T - B - first + 1``. ``tokens`` int [T],
-    ``loss_mask`` bool [T] (answer tokens)."""
+    ``loss_mask`` bool [T] (answer tokens). Compiled once per configuration, length bucket (128)
+    and ``chunk`` (anchors per drafter call; the last call is padded with invalid anchors)."""
     import jax.numpy as jnp
 
-    from dflash_jax import loss
-
-    b = dcfg.block_size
-    toks = jnp.asarray(tokens[None])
-    feats = loss.target_features(ck.params, toks, tcfg=ck.cfg, layer_ids=dcfg.target_layer_ids)
-    ctx = loss.context_kv(dparams, feats, dcfg)
+    b, t = dcfg.block_size, len(tokens)
+    padded = -(-t // 128) * 128  # causal: what follows position t - 1 changes nothing before it
+    toks = jnp.asarray(np.pad(tokens, (0, padded - t))[None])
+    context, guesses = _compiled(ck.cfg, dcfg)
+    ctx = context(ck.params, dparams, toks)
     first = int(np.argmax(loss_mask))
-    anchors = list(range(first, len(tokens) - b + 1))
+    anchors = list(range(first, t - b + 1))
     out = []
     for c in range(0, len(anchors), chunk):
         part = anchors[c : c + chunk]
-        a = loss.Anchors(jnp.asarray([part]), jnp.ones((1, len(part)), bool))
-        logits = loss.block_logits(dparams, ck.params, ctx, toks, a, tcfg=ck.cfg, cfg=dcfg)  # [1, A, B-1, V]
-        guess = np.asarray(jnp.argmax(logits[0], -1))
+        pos = np.asarray(part + [part[-1]] * (chunk - len(part)), np.int32)[None]
+        valid = (np.arange(chunk) < len(part))[None]
+        guess = np.asarray(guesses(dparams, ck.params, ctx, toks, jnp.asarray(pos), jnp.asarray(valid)))
         for j, p in enumerate(part):
             hit = guess[j] == tokens[p + 1 : p + b]
             out.append(1 + int(np.cumprod(hit).sum()))
     return np.asarray(out)
+
+
+@functools.cache
+def _compiled(tcfg, dcfg):
+    """Jitted (context K/V of a sequence, greedy block guesses at anchors) for these configs."""
+    import jax
+    import jax.numpy as jnp
+
+    from dflash_jax import loss
+
+    @jax.jit
+    def context(target_params, dparams, toks):
+        feats = loss.target_features(target_params, toks, tcfg=tcfg, layer_ids=dcfg.target_layer_ids)
+        return loss.context_kv(dparams, feats, dcfg)
+
+    @jax.jit
+    def guesses(dparams, target_params, ctx, toks, pos, valid):
+        anchors = loss.Anchors(pos, valid)
+        logits = loss.block_logits(dparams, target_params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg)
+        return jnp.argmax(logits[0], -1)  # [chunk, B - 1]
+
+    return context, guesses
 
 
 def simulated_rounds(lengths: np.ndarray) -> list[int]:

@@ -130,6 +130,32 @@ def test_ngram_block_input_survives_the_released_format(tmp_path):
     _, back, _ = import_released(out)
     assert (back.block_input, back.ngram_max, back.ngram_min) == ("ngram", 3, 2) and back == cfg
     DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
-    for bad, message in ((dict(block_input="oracle"), "block_input 'oracle'"), (dict(ngram_min=0), "ngram_min")):
+    for bad, message in (
+        (dict(block_input="oracle"), "block_input 'oracle'"),
+        (dict(ngram_min=0), "ngram_min"),
+        (dict(copy_bias=2.0), 'copy_bias rewards copying the n-gram block input: set block_input="ngram"'),
+    ):
         with pytest.raises(ConfigError, match=message):
             dataclasses.replace(plain, **bad)
+
+
+def test_a_copy_bias_survives_the_released_format(tmp_path):
+    """``copy_bias`` (its starting value in ``dflash_config``, its learned table as the tensor
+    ``copy_bias``) is written and read back as it was; the reference still loads the folder."""
+    import dataclasses
+
+    import jax
+    from dflash.model import DFlashDraftModel
+
+    cfg = DrafterConfig.for_target(
+        TARGET, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram", ngram_max=3, copy_bias=4.0
+    )
+    params = init_drafter_params(cfg, seed=0)
+    np.testing.assert_array_equal(np.asarray(params["copy_bias"]), np.full((3, 7), 4.0, np.float32))
+    table = np.asarray(jax.random.normal(jax.random.key(1), (3, 7)), np.float32)
+    out = export_released(dict(params, copy_bias=table), cfg, tmp_path / "d")
+    got, back, _ = import_released(out)
+    assert back == cfg and back.copy_bias == 4.0
+    np.testing.assert_array_equal(np.asarray(got["copy_bias"]), table)
+    assert "copy_bias" not in dataclasses.replace(cfg, copy_bias=None).to_released()["dflash_config"]
+    DFlashDraftModel.from_pretrained(out, dtype=torch.float32)

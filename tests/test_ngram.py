@@ -421,6 +421,29 @@ def test_ngram_block_input_is_the_rule():
     assert {0, bs - 1} <= counts and len(counts) > 2, counts  # none, full and cut continuations seen
 
 
+def test_the_copy_bias_rewards_the_proposed_tokens():
+    """``drafter.copy_prior`` adds ``copy_bias[matched - 1, k - 1]`` to the logit of the token
+    offset ``k`` holds, for offsets ``k <= num`` only, and leaves a drafter without one alone."""
+    from dflash_jax.drafter import DrafterConfig, copy_prior
+
+    cfg = TargetConfig.from_hf(dict(__import__("helpers").TINY, model_type="qwen3", vocab_size=VG))
+    dcfg = DrafterConfig.for_target(cfg, 1, 6, 3, block_input="ngram", ngram_max=3, copy_bias=1.0)
+    table = np.arange(15, dtype=np.float32).reshape(3, 5) + 1  # [matched length, offset]
+    rs = np.random.RandomState(0)
+    logits = rs.randn(4, 5, VG).astype(np.float32)
+    block = rs.randint(0, VG, (4, 6)).astype(np.int32)
+    num, matched = np.array([0, 2, 5, 3]), np.array([0, 1, 3, 2])
+    got = np.asarray(copy_prior(jnp.asarray(logits), {"copy_bias": table}, dcfg, block, num, matched))
+    want = logits.copy()
+    for b in range(4):
+        for k in range(num[b]):
+            want[b, k, block[b, k + 1]] += table[matched[b] - 1, k]
+    np.testing.assert_array_equal(got, want)
+    assert (got != logits).sum() == num.sum()
+    plain = DrafterConfig.for_target(cfg, 1, 6, 3, block_input="ngram")
+    np.testing.assert_array_equal(np.asarray(copy_prior(jnp.asarray(logits), {}, plain, block, num, matched)), logits)
+
+
 def _copy_drafter(tgt, dcfg):
     """A target whose output head is its embedding transposed and a DFlash drafter whose blocks
     add nothing (zero attention and MLP outputs, unit norms): the drafter predicts, at every

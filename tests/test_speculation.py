@@ -227,7 +227,7 @@ def test_prompt_lookup_confidence_by_matched_length():
         NgramStep(ngram_max=2, confidence=((0.2, 0.5),))
 
 
-def test_the_defaults_by_hardware(tiny_models):
+def test_the_defaults_by_hardware(tiny_models, tmp_path):
     from dflash_jax import checkpoint
     from dflash_jax.drafter_io import speculation_for
 
@@ -239,6 +239,14 @@ def test_the_defaults_by_hardware(tiny_models):
     assert isinstance(hybrid, HybridStep) and hybrid.dflash.confidence and params is not None
     assert speculation_for("random", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
     assert speculation_for("none", ck, tok) is None
+    # a drafter reading the prompt-lookup continuation itself is used alone
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+    from dflash_jax.drafter_io import export_released
+
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram")
+    folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "ngram_drafter")
+    _, step = speculation_for(str(folder), ck, tok)
+    assert isinstance(step, DraftStep) and step.cfg.block_input == "ngram" and step.confidence
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
 
 

@@ -152,16 +152,19 @@ def _consistency(ck, dparams, dcfg, tokens, anchor_list):
 
 
 @pytest.mark.parametrize(
-    "layer_types, block_input",
+    "layer_types, block_input, copy_bias",
     [
-        (("full_attention", "full_attention"), "mask"),
-        (("full_attention", "sliding_attention"), "mask"),
-        (("full_attention", "full_attention"), "ngram"),
+        (("full_attention", "full_attention"), "mask", None),
+        (("full_attention", "sliding_attention"), "mask", None),
+        (("full_attention", "full_attention"), "ngram", None),
+        (("full_attention", "full_attention"), "ngram", 2.0),
     ],
 )
-def test_training_forward_equals_decoder_drafter_random(tiny, layer_types, block_input):
+def test_training_forward_equals_decoder_drafter_random(tiny, layer_types, block_input, copy_bias):
     """The training forward's logits at each anchor equal the draft step's on the same context; with
-    n-gram block inputs, the blocks built from the sequence equal those built from the loop's buffer."""
+    n-gram block inputs, the blocks built from the sequence equal those built from the loop's buffer;
+    with a copy bias (a random table, so each matched length and offset has its own), the bonus
+    lands on the same tokens in both."""
     ck, folder = tiny
     dcfg = DrafterConfig.for_target(
         ck.cfg,
@@ -171,16 +174,21 @@ def test_training_forward_equals_decoder_drafter_random(tiny, layer_types, block
         layer_types=layer_types,
         sliding_window=5 if "sliding_attention" in layer_types else None,
         block_input=block_input,
+        copy_bias=copy_bias,
     )
     tokens, _ = data.TokenDataset(folder)[0]
     anchors = [3, 9, 10, 30]
     if block_input == "ngram":  # the blocks carry proposals, and not at every anchor the same number
-        from dflash_jax.ngram import ngram_propose
+        from dflash_jax.ngram import ngram_match
 
         t = jnp.asarray([tokens.tolist() + [0] * 8] * len(anchors))
-        _, num = ngram_propose(t, jnp.asarray(anchors), 7, dcfg.ngram_max, dcfg.ngram_min)
-        assert int(num.max()) > 0 and len(set(num.tolist())) > 1, num
-    worst = _consistency(ck, init_drafter_params(dcfg, seed=1), dcfg, tokens.tolist(), anchors)
+        _, num, matched = ngram_match(t, jnp.asarray(anchors), 7, dcfg.ngram_max, dcfg.ngram_min)
+        assert int(num.max()) > 0 and len(set(num.tolist())) > 1 and len(set(matched.tolist())) > 1, (num, matched)
+    params = init_drafter_params(dcfg, seed=1)
+    if copy_bias is not None:
+        assert params["copy_bias"].shape == (dcfg.ngram_max, 7) and float(params["copy_bias"].min()) == copy_bias
+        params = dict(params, copy_bias=3.0 * jax.random.normal(jax.random.key(5), params["copy_bias"].shape))
+    worst = _consistency(ck, params, dcfg, tokens.tolist(), anchors)
     assert worst < TINY_REL, worst
 
 
@@ -794,6 +802,17 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     assert ngram.dcfg.block_input == "ngram" and ngram.identity["drafter"]["dflash_config"]["block_input"] == "ngram"
     for a, b in zip(jax.tree.leaves(ngram.params), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # nor is a copy bias the drafter lacks: it starts at the config's value, the rest as loaded
+    extra = ("drafter.block_input=ngram", "drafter.copy_bias=3.0")
+    copy = Trainer(tiny_config(ck, folder, tmp_path / "d", f"init_from={start}", *extra), log=lambda m: None)
+    np.testing.assert_array_equal(np.asarray(copy.params["copy_bias"]), np.full((4, 15), 3.0, np.float32))
+    rest = {k: v for k, v in copy.params.items() if k != "copy_bias"}
+    for a, b in zip(jax.tree.leaves(rest), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(
+        ConfigError, match='drafter.copy_bias must be None or a number, with drafter.block_input="ngram"'
+    ):
+        tiny_config(ck, folder, tmp_path / "e", "drafter.copy_bias=3.0")
 
 
 def small_block_problem(ck, seed: int):
@@ -960,3 +979,26 @@ def test_every_shipped_config_loads(name):
     """Every config in configs/ passes validation (mesh shapes with an expert axis included)."""
     c = load_config(str(ROOT / "configs" / f"{name}.py"), [])
     assert len(c.mesh) in (3, 4) and c.train.steps > 0
+
+
+def test_the_copy_bias_table_has_its_own_learning_rate():
+    """``train.copy_bias_lr``: Adam's first steps move each parameter by about its peak learning
+    rate times the schedule, so the copy table moves copy_bias_lr / lr times as far as the rest
+    (and the optimiser is the plain AdamW chain without it, as earlier runs' checkpoints hold)."""
+    from dflash_jax.train_step import make_optimizer
+
+    t = load_config(CONFIG, ["train.steps=100", "train.lr=1e-3"]).train
+    params = {"copy_bias": jnp.zeros((2, 3)), "fc": jnp.zeros((4,))}
+    grads = {"copy_bias": jnp.full((2, 3), 0.5), "fc": jnp.full((4,), -0.5)}
+    plain = make_optimizer(t)
+    assert len(plain.init(params)) == 2  # clip, AdamW
+    t.copy_bias_lr = 0.1
+    opt = make_optimizer(t)
+    state = opt.init(params)
+    for _ in range(3):
+        updates, state = opt.update(grads, state, params)
+    ratio = float(jnp.abs(updates["copy_bias"]).mean() / jnp.abs(updates["fc"]).mean())
+    assert abs(ratio - 100.0) < 1e-3 * 100, ratio
+    assert float(updates["copy_bias"].max()) < 0 < float(updates["fc"].min())  # each against its gradient
+    with pytest.raises(ConfigError, match="train.copy_bias_lr is the copy-bias table's learning rate"):
+        load_config(CONFIG, ["train.copy_bias_lr=0.1"])

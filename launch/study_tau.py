@@ -1,0 +1,145 @@
+"""Greedy tau of drafters and of prompt lookup on the benchmark sets, from recorded plain answers.
+
+A greedy speculative decode commits exactly the target's plain greedy output, so its rounds are
+determined by that output: a round anchored at position p commits the acceptance length the
+drafter's block at p reaches against the answer, and the next round is anchored where it ends.
+This script walks the plain outputs a bench run recorded (``output_ids`` of
+``<records>/t0_<set>.records.jsonl``, first turns, prompts re-encoded with the chat template) that
+way: one target forward per answer for the drafter's context, then the drafter's training forward
+(``loss.block_logits``, the decoder's draft step on the same context up to float rounding:
+``tests/test_train.py::test_training_forward_equals_decoder_drafter_random``) at every anchor, at
+each block size asked for; prompt lookup walks the same answers with the rule of SPEC "N-gram
+(prompt-lookup) drafting" (``ngram_acceptance.walk``). The last round is cut where the answer
+ends, as the length limit cuts a decode's. No decoding, so it costs about a target forward plus a
+drafter forward per block size per answer, where decoding costs a verify per round:
+this is the study's measure of tau (``docs/BENCHMARKS.md``, "Fixed-budget study"); ``bench``
+decodes, for speed.
+
+Per (drafter, set, prompt, block) one line in ``--out`` (JSON lines): rerunning the command
+skips what is there. Prints one table of tau per set and block.
+
+    .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 \\
+        --drafter mask=runs/mix_mask/best copy=runs/mix_copy_lr/best --out docs/bench/issue20/study_tau.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anchor_acceptance import acceptance_at_anchors, simulated_rounds  # noqa: E402
+from ngram_acceptance import SETS, propose  # noqa: E402
+
+
+def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int) -> list[int]:
+    """Acceptance lengths of the rounds of a greedy decode of ``full`` (prompt + answer) from its
+    first answer token (index ``start``) with this drafter, the last cut where ``full`` ends."""
+    b, n = dcfg.block_size, len(full)
+    tokens = np.asarray(full + [0] * b, np.int32)  # a whole block after every anchor; the padding is cut below
+    mask = np.arange(len(tokens)) >= start
+    a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask)[: n - 1 - start]  # anchors start .. n-2
+    return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
+
+
+def ngram_rounds(full: list[int], start: int, block: int) -> list[int]:
+    """The same for prompt lookup (n = 4 .. 1, at most ``block - 1`` tokens; ``ngram_acceptance.propose``)."""
+    rounds, pos = [], start
+    while pos < len(full) - 1:
+        draft, _ = propose(full[: pos + 1], block - 1)
+        a = 0
+        while a < min(len(draft), len(full) - 2 - pos) and draft[a] == full[pos + 1 + a]:
+            a += 1
+        rounds.append(a + 1)
+        pos += a + 1
+    return rounds
+
+
+def main() -> None:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from dflash_jax import checkpoint, prompts
+    from dflash_jax.bench import drafter_fingerprint
+    from dflash_jax.drafter_io import load_drafter
+    from dflash_jax.tokens import chat_ids
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", nargs="*", default=[], help="label=folder (a run's best/ or a released drafter)")
+    ap.add_argument("--records", type=Path, default=Path("docs/bench/full"), help="folder of t0_<set>.records.jsonl")
+    ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    ap.add_argument("--per-set", type=int, default=20, help="first turns per set")
+    ap.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--ngram", choices=("on", "off"), default="on", help="also prompt lookup (n = 4 .. 1)")
+    ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per (drafter, set, prompt, block)")
+    args = ap.parse_args()
+    arms = {}  # label -> (params, config, fingerprint): records are keyed by the weights, not the folder
+    for spec in args.drafter:
+        label, sep, folder = spec.partition("=")
+        if not sep or not label or label == "ngram" or not Path(folder).is_dir():
+            sys.exit(f"--drafter {spec!r}: give label=folder with an existing folder (label not 'ngram')")
+        dparams, dcfg, _ = load_drafter(folder)
+        arms[label] = (dparams, dcfg, drafter_fingerprint(dparams, dcfg))
+    ck = checkpoint.load_target("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target("smollm2-135m-instruct")))
+    answers = []
+    for name in args.sets:
+        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
+        rows = [json.loads(line) for line in (args.records / f"t0_{name}.records.jsonl").read_text().splitlines()[1:]]
+        rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        for r in rows:
+            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
+            answers.append((name, r["id"], ids + r["output_ids"], len(ids)))
+    done = set()
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["arm"], r["drafter"], r["set"], r["id"], r["block"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(arm, drafter, name, pid, block, rounds):
+        with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it
+            f.write(json.dumps(dict(arm=arm, drafter=drafter, set=name, id=pid, block=block, rounds=rounds)) + "\n")
+
+    if args.ngram == "on":
+        for name, pid, full, start in answers:
+            for b in args.blocks:
+                if ("ngram", "", name, pid, b) not in done:
+                    record("ngram", "", name, pid, b, ngram_rounds(full, start, b))
+    for label, (dparams, dcfg, fp) in arms.items():
+        for b in args.blocks:
+            cfg_b = dataclasses.replace(dcfg, block_size=b)
+            for name, pid, full, start in tqdm(answers, desc=f"{label} @{b}", leave=False):
+                if (label, fp, name, pid, b) not in done:
+                    record(label, fp, name, pid, b, drafter_rounds(ck, dparams, cfg_b, full, start))
+    want = {"ngram": ""} if args.ngram == "on" else {}
+    print_table(args.out, args.sets, args.blocks, {**want, **{k: v[2] for k, v in arms.items()}})
+
+
+def print_table(path: Path, sets, blocks, want: dict) -> None:
+    """A Markdown table of tau per set (rows) and arm and block (columns) from the records of the
+    arms ``want`` (label -> drafter fingerprint, "" for prompt lookup)."""
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if want.get(r["arm"]) == r["drafter"]]
+    labels = list(want)
+    print("tau = tokens committed / rounds over the set's answers")
+    print("| set (answers) | " + " | ".join(f"{a} @{b}" for a in labels for b in blocks) + " |")
+    print("|---|" + "---|" * (len(labels) * len(blocks)))
+    for name in sets:
+        cells, count = [], 0
+        for a in labels:
+            for b in blocks:
+                mine = [r for r in rows if r["arm"] == a and r["set"] == name and r["block"] == b]
+                count = max(count, len(mine))
+                t = sum(sum(r["rounds"]) for r in mine) / max(sum(len(r["rounds"]) for r in mine), 1)
+                cells.append(f"{t:.2f}" if mine else "-")
+        print(f"| {name} ({count}) | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
