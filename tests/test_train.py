@@ -213,13 +213,20 @@ def test_trained_drafter_consistent_with_decoder(trained):
 
 def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
     """launch/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
-    acceptance are the decoder's rounds on the same answer (the target's own greedy answer)."""
+    acceptance are the decoder's rounds on the same answer (the target's own greedy answer); and
+    launch/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
+    drafter and for prompt lookup."""
     sys.path.insert(0, str(ROOT / "launch"))
     from anchor_acceptance import acceptance_at_anchors, simulated_rounds
+    from study_tau import drafter_rounds, ngram_rounds
+
+    from dflash_jax.ngram import NgramStep
 
     ck, folder, out, trainer, _ = trained
     ds = data.TokenDataset(folder)
     dec = Decoder(ck.params, ck.cfg, drafter=(trainer.params, trainer.dcfg))
+    bs = trainer.dcfg.block_size
+    lookup = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=bs))
     compared = 0
     for j in trainer.val_idx[:4]:
         tokens, mask = ds[int(j)]
@@ -231,6 +238,10 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
         n = len(sim) - 1  # the last simulated round may need tokens past the answer's end
         assert got.acceptance_lengths[:n] == sim[:n]
         compared += n
+        full = tokens.tolist()
+        assert drafter_rounds(ck, trainer.params, trainer.dcfg, full, first) == got.acceptance_lengths
+        want = lookup.generate([full[:first]], len(full) - first)[0].acceptance_lengths
+        assert ngram_rounds(full, first, bs) == want
     assert compared >= 8
 
 
@@ -805,7 +816,8 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     # nor is a copy bias the drafter lacks: it starts at the config's value, the rest as loaded
     extra = ("drafter.block_input=ngram", "drafter.copy_bias=3.0")
     copy = Trainer(tiny_config(ck, folder, tmp_path / "d", f"init_from={start}", *extra), log=lambda m: None)
-    np.testing.assert_array_equal(np.asarray(copy.params["copy_bias"]), np.full((4, 15), 3.0, np.float32))
+    table = (copy.dcfg.ngram_max, copy.dcfg.block_size - 1)
+    np.testing.assert_array_equal(np.asarray(copy.params["copy_bias"]), np.full(table, 3.0, np.float32))
     rest = {k: v for k, v in copy.params.items() if k != "copy_bias"}
     for a, b in zip(jax.tree.leaves(rest), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
