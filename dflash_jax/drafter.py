@@ -85,6 +85,14 @@ class DrafterConfig:
     # With "ngram": a learned logit bonus for the token the block input holds at each offset, one
     # per matched n-gram length and offset, all starting at this value (``copy_prior``); None: none
     copy_bias: float | None = None
+    # DFlash 2 (SPEC "DFlash 2"; dflash==0.1.0's DFlash2DraftModel): grouped dynamic causal
+    # convolutions of this kernel size around each sublayer (0: DFlash, none) over channel groups of
+    # conv_group_size, and a candidate selector of rank selector_rank over the head's top
+    # selector_top_k tokens per offset
+    conv_kernel_size: int = 0
+    conv_group_size: int = 16
+    selector_rank: int = 0
+    selector_top_k: int = 16
 
     def __post_init__(self):
         if self.block_input not in BLOCK_INPUTS:
@@ -95,6 +103,18 @@ class DrafterConfig:
             raise ConfigError(
                 'copy_bias rewards copying the n-gram block input: set block_input="ngram" or copy_bias None'
             )
+        if self.dflash2:
+            if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+                raise ConfigError(
+                    f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size} (DFlash 2)"
+                )
+            if self.selector_rank < 1 or not 1 <= self.selector_top_k <= self.vocab_size:
+                raise ConfigError(
+                    f"DFlash 2 needs selector_rank >= 1 and 1 <= selector_top_k <= vocab_size, got "
+                    f"{self.selector_rank} and {self.selector_top_k}"
+                )
+        elif self.conv_kernel_size < 0:
+            raise ConfigError(f"conv_kernel_size must be >= 0 (0: DFlash), got {self.conv_kernel_size}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * self.num_layers)
         if len(self.layer_types) != self.num_layers:
@@ -119,6 +139,11 @@ class DrafterConfig:
                 "norm, so this drafter will not behave the same there; the default ids never tap it",
                 stacklevel=2,
             )
+
+    @property
+    def dflash2(self) -> bool:
+        """A DFlash 2 drafter (convolutions and a candidate selector; SPEC "DFlash 2")."""
+        return self.conv_kernel_size > 0
 
     @property
     def compute_dtype(self):
@@ -278,6 +303,14 @@ class DrafterConfig:
             )
             if self.copy_bias is not None:
                 out["dflash_config"]["copy_bias"] = self.copy_bias
+        if self.dflash2:
+            out["architectures"] = ["DFlash2DraftModel"]
+            out["dflash_config"].update(
+                conv_kernel_size=self.conv_kernel_size,
+                conv_group_size=self.conv_group_size,
+                selector_rank=self.selector_rank,
+                selector_top_k=self.selector_top_k,
+            )
         if target_identity:
             out["dflash_config"]["target_identity"] = target_identity
         return out
@@ -380,6 +413,55 @@ class DrafterAttention(nn.Module):
         return out + self.o_bias.astype(dt) if c.attention_bias else out
 
 
+def _identity_taps(key, shape, dtype=jnp.float32):
+    """``base_kernel [2, K, d]`` of a convolution that passes its input through: tap 0 = 1."""
+    return jnp.zeros(shape, dtype).at[:, 0].set(1.0)
+
+
+class GroupedCausalConv(nn.Module):
+    """DFlash 2's grouped dynamic depthwise causal convolution around a sublayer (SPEC "DFlash 2" 1).
+
+    ``out[i, c] = sum_{t < K} (base[t, c] + dyn[i, t, g(c)]) * x[i - t, c]``, ``x`` zero before the
+    first position of each block of ``block_len`` positions (no tap crosses a block boundary).
+    ``prepare(x)`` convolves the sublayer's (normed) input with ``base_kernel[0]`` and the first
+    half of ``kernel_projection(x)``, and returns the second half for ``finish``, which convolves
+    the sublayer's output with ``base_kernel[1]``. Starts as the identity (tap 0 = 1, projection 0).
+    """
+
+    cfg: DrafterConfig
+
+    def setup(self):
+        c = self.cfg
+        k, groups = c.conv_kernel_size, c.hidden_size // c.conv_group_size
+        self.base_kernel = param(self, "base_kernel", (2, k, c.hidden_size), (None, None, "norm"), _identity_taps)
+        zeros = nn.initializers.zeros
+        self.kernel_projection = param(
+            self, "kernel_projection", (c.hidden_size, 2 * k * groups), ("embed", None), zeros
+        )
+
+    def _convolve(self, x: Array, dyn: Array, base: Array, block_len: int) -> Array:
+        """``x [B, T, d]``, ``dyn [B, T, K, groups]``, ``base [K, d]``; T a multiple of ``block_len``."""
+        c = self.cfg
+        b, t, d = x.shape
+        groups, gs = d // c.conv_group_size, c.conv_group_size
+        xb = x.reshape(b, t // block_len, block_len, groups, gs)
+        dyn = dyn.reshape(b, t // block_len, block_len, c.conv_kernel_size, groups, 1)
+        out = jnp.zeros_like(xb)
+        for tap in range(c.conv_kernel_size):
+            shifted = xb if tap == 0 else jnp.pad(xb[:, :, :-tap], ((0, 0), (0, 0), (tap, 0), (0, 0), (0, 0)))
+            out = out + (base[tap].reshape(groups, gs).astype(x.dtype) + dyn[:, :, :, tap].astype(x.dtype)) * shifted
+        return out.reshape(b, t, d)
+
+    def prepare(self, x: Array, block_len: int) -> tuple[Array, Array]:
+        c = self.cfg
+        groups = c.hidden_size // c.conv_group_size
+        dyn = (x @ self.kernel_projection.astype(x.dtype)).reshape(*x.shape[:2], 2, c.conv_kernel_size, groups)
+        return self._convolve(x, dyn[:, :, 0], self.base_kernel[0], block_len), dyn[:, :, 1]
+
+    def finish(self, x: Array, dyn: Array, block_len: int) -> Array:
+        return self._convolve(x, dyn, self.base_kernel[1], block_len)
+
+
 class DrafterLayer(nn.Module):
     cfg: DrafterConfig
 
@@ -389,13 +471,25 @@ class DrafterLayer(nn.Module):
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size, c.compute_dtype)
         self.input_layernorm = RMSNorm(c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.rms_norm_eps)
+        if c.dflash2:
+            self.attention_conv = GroupedCausalConv(c)
+            self.mlp_conv = GroupedCausalConv(c)
 
     def context_kv(self, ctx: Array, positions: Array):
         """K/V of the fused context (not passed through this layer's input norm: SPEC 3)."""
         return self.self_attn.kv(ctx, positions)
 
-    def __call__(self, h, positions, ctx_kv, mask):
-        h = h + self.self_attn(self.input_layernorm(h), positions, ctx_kv, mask)
+    def __call__(self, h, positions, ctx_kv, mask, block_len: int | None = None):
+        """``block_len``: positions per block in ``h [B, T, d]`` (DFlash 2's convolutions stay
+        inside a block; default ``T``, one block)."""
+        bl = block_len or h.shape[1]
+        x = self.input_layernorm(h)
+        if self.cfg.dflash2:
+            x, dyn = self.attention_conv.prepare(x, bl)
+            h = h + self.attention_conv.finish(self.self_attn(x, positions, ctx_kv, mask), dyn, bl)
+            x, dyn = self.mlp_conv.prepare(self.post_attention_layernorm(h), bl)
+            return h + self.mlp_conv.finish(self.mlp(x), dyn, bl)
+        h = h + self.self_attn(x, positions, ctx_kv, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -417,6 +511,11 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.rms_norm_eps)
         self.layers = [DrafterLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
         self.norm = RMSNorm(c.rms_norm_eps)
+        if c.dflash2:  # the candidate selector's parameters (``select``)
+            r = c.selector_rank
+            self.predecessor_codebook = param(self, "predecessor_codebook", (c.vocab_size, r), ("vocab", None))
+            self.successor_codebook = param(self, "successor_codebook", (c.vocab_size, r), ("vocab", None))
+            self.hidden_projection = param(self, "hidden_projection", (c.hidden_size, r), ("embed", None))
         if c.copy_bias is not None:
             init = nn.initializers.constant(c.copy_bias)
             self.copy_bias = param(self, "copy_bias", (c.ngram_max, c.block_size - 1), (None, None), init)
@@ -428,10 +527,17 @@ class Drafter(nn.Module):
     def context_kv(self, ctx: Array, positions: Array):
         return [layer.context_kv(ctx, positions) for layer in self.layers]
 
-    def __call__(self, block_emb: Array, positions: Array, ctx_kv: Sequence, masks: Sequence[Array]) -> Array:
+    def __call__(
+        self,
+        block_emb: Array,
+        positions: Array,
+        ctx_kv: Sequence,
+        masks: Sequence[Array],
+        block_len: int | None = None,
+    ) -> Array:
         h = block_emb.astype(self.cfg.compute_dtype)
         for layer, kv, mask in zip(self.layers, ctx_kv, masks):
-            h = layer(h, positions, kv, mask)
+            h = layer(h, positions, kv, mask, block_len)
         return self.norm(h)
 
     def init_all(self, feats, block_emb, positions):
@@ -440,8 +546,12 @@ class Drafter(nn.Module):
         kv = self.context_kv(ctx, positions[:, :1].repeat(feats.shape[1], 1))
         t, s = block_emb.shape[1], feats.shape[1]
         masks = [jnp.ones((block_emb.shape[0], t, s + t), bool)] * self.cfg.num_layers
-        out = self(block_emb, positions, kv, masks)
-        return (out, self.copy_bias) if self.cfg.copy_bias is not None else out
+        out = [self(block_emb, positions, kv, masks)]
+        if self.cfg.dflash2:
+            out += [self.predecessor_codebook, self.successor_codebook, self.hidden_projection]
+        if self.cfg.copy_bias is not None:
+            out.append(self.copy_bias)
+        return out
 
 
 def _variables(cfg: DrafterConfig, seed: int = 0):
@@ -479,6 +589,15 @@ def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]
     }
     if cfg.copy_bias is not None:  # a dflash-jax extension (``copy_prior``)
         names["copy_bias"] = (("copy_bias",), False)
+    if cfg.dflash2:  # the reference's names (its codebooks are stored without ".weight")
+        for i in range(cfg.num_layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                r, o = f"layers.{i}.{conv}.", (f"layers_{i}", conv)
+                names[f"{r}base_kernel"] = ((*o, "base_kernel"), False)
+                names[f"{r}kernel_projection.weight"] = ((*o, "kernel_projection"), True)
+        for book in ("predecessor_codebook", "successor_codebook"):
+            names[f"candidate_selector.{book}"] = ((book,), False)
+        names["candidate_selector.hidden_projection.weight"] = (("hidden_projection",), True)
     for i in range(cfg.num_layers):
         r, o = f"layers.{i}.", (f"layers_{i}",)
         for p in "qkvo":

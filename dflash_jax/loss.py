@@ -141,7 +141,7 @@ def block_logits(
     emb = block_embeddings(block.reshape(b, a * bs), target_params, tcfg, cfg)
     positions = (anchors.positions[:, :, None] + jnp.arange(bs)).reshape(b, a * bs)
     layer_masks = masks_lib.training_masks(cfg.layer_types, cfg.sliding_window, t, anchors.positions, anchors.valid, bs)
-    hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks)
+    hidden = Drafter(cfg).apply({"params": drafter_params}, emb, positions, ctx_kv, layer_masks, bs)  # blocks of bs
     k = loss_offsets or bs - 1
     hidden = hidden.reshape(b, a, bs, -1)[:, :, 1 : k + 1]
     logits = draft_logits(hidden, target_params, tcfg, cfg)

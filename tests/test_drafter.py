@@ -159,3 +159,113 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     np.testing.assert_array_equal(np.asarray(got["copy_bias"]), table)
     assert "copy_bias" not in dataclasses.replace(cfg, copy_bias=None).to_released()["dflash_config"]
     DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
+
+
+# --- DFlash 2 (issue 21): the backbone with its convolutions ------------------------------------
+
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=5)
+
+
+def _dflash2_params(cfg, seed):
+    """Random DFlash 2 weights: the backbone as ``_scaled``, convolutions away from the identity
+    (every tap and the dynamic projection non-zero), codebooks and projection at unit scale."""
+    import jax
+
+    rs = np.random.RandomState(seed)
+    params = _scaled(init_drafter_params(cfg, seed), seed, 5.0)
+
+    def conv(path, x):
+        name = jax.tree_util.keystr(path)
+        if "base_kernel" in name:
+            return (np.asarray(x) / 5.0 + 0.3 * rs.randn(*x.shape)).astype(np.float32)  # identity + noise
+        if "kernel_projection" in name:
+            return (0.2 * rs.randn(*x.shape)).astype(np.float32)
+        if "codebook" in name or "hidden_projection" in name:
+            return rs.randn(*x.shape).astype(np.float32)
+        return x
+
+    return jax.tree_util.tree_map_with_path(conv, params)
+
+
+def test_dflash2_backbone_equals_reference(tmp_path):
+    """A DFlash 2 drafter's block hidden states (convolutions around attention and MLP, the
+    dynamic taps from each sublayer's normed input) equal ``DFlash2DraftModel``'s on random
+    weights, the folder written by ``export_released`` with the reference's tensor names."""
+    from dflash.model import DFlash2DraftModel
+
+    cfg = DrafterConfig.for_target(TARGET, num_layers=2, block_size=6, mask_token_id=3, **DFLASH2)
+    assert cfg.dflash2 and cfg.to_released()["architectures"] == ["DFlash2DraftModel"]
+    params = _dflash2_params(cfg, 1)
+    tparams = _scaled(init_params(TARGET, seed=2), 2, 20.0)
+    export_released(params, cfg, tmp_path / "drafter")
+    ref = DFlash2DraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval()
+    sel = ref.candidate_selector  # every selector tensor reached the reference under its name
+    for name, ours in (
+        ("predecessor_codebook", sel.predecessor_codebook.weight),
+        ("successor_codebook", sel.successor_codebook.weight),
+    ):
+        np.testing.assert_array_equal(ours.detach().numpy(), np.asarray(params[name]))
+    np.testing.assert_array_equal(
+        sel.hidden_projection.weight.detach().numpy().T, np.asarray(params["hidden_projection"])
+    )
+    conv = ref.layers[1].mlp_conv
+    np.testing.assert_array_equal(conv.base_kernel.detach().numpy(), params["layers_1"]["mlp_conv"]["base_kernel"])
+    rs = np.random.RandomState(0)
+    ctx_len, bs = 9, cfg.block_size
+    feats = rs.randn(1, ctx_len, len(cfg.target_layer_ids) * cfg.hidden_size).astype(np.float32)
+    block = np.array([[7] + [cfg.mask_token_id] * (bs - 1)])
+
+    model = Drafter(cfg)
+    emb = block_embeddings(block, tparams, TARGET, cfg)
+    ctx = model.apply({"params": params}, feats, method=Drafter.fuse)
+    kv = model.apply({"params": params}, ctx, np.arange(ctx_len)[None], method=Drafter.context_kv)
+    masks = decode_masks(cfg, ctx_len, np.array([ctx_len]), bs, np.array([bs]))
+    ours = np.asarray(model.apply({"params": params}, emb, np.arange(ctx_len, ctx_len + bs)[None], kv, masks))
+
+    emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)]
+    with torch.no_grad():
+        want = ref(
+            target_hidden=torch.tensor(feats),
+            noise_embedding=emb_t,
+            position_ids=torch.arange(ctx_len + bs)[None],
+            use_cache=False,
+        ).numpy()
+    assert_close(ours, want, TINY_REL)
+    # the convolutions matter: the same weights without them give other hidden states
+    plain_cfg = DrafterConfig.for_target(TARGET, num_layers=2, block_size=6, mask_token_id=3)
+    plain = {
+        k: v for k, v in params.items() if k not in ("predecessor_codebook", "successor_codebook", "hidden_projection")
+    }
+    plain = {
+        k: ({n: w for n, w in v.items() if not n.endswith("_conv")} if k.startswith("layers_") else v)
+        for k, v in plain.items()
+    }
+    other = np.asarray(
+        Drafter(plain_cfg).apply({"params": plain}, emb, np.arange(ctx_len, ctx_len + bs)[None], kv, masks)
+    )
+    assert np.abs(other - want).max() > 0.1 * np.abs(want).max()
+
+
+def test_dflash2_convolution_stays_inside_each_block():
+    """Blocks laid side by side (as training lays its anchors' blocks) convolve as if alone: no tap
+    reaches across a block boundary; an untrained convolution is the identity."""
+    import jax
+
+    from dflash_jax.drafter import GroupedCausalConv
+
+    cfg = DrafterConfig.for_target(
+        TARGET, num_layers=1, block_size=4, mask_token_id=3, **dict(DFLASH2, conv_kernel_size=3)
+    )
+    conv = GroupedCausalConv(cfg)
+    x = np.random.RandomState(0).randn(2, 12, cfg.hidden_size).astype(np.float32)
+    fresh = conv.init(jax.random.key(0), x, 4, method=GroupedCausalConv.prepare)
+    y, dyn = conv.apply(fresh, x, 4, method=GroupedCausalConv.prepare)
+    np.testing.assert_array_equal(np.asarray(y), x)
+    np.testing.assert_array_equal(np.asarray(conv.apply(fresh, x, dyn, 4, method=GroupedCausalConv.finish)), x)
+    variables = jax.tree.map(lambda v: v + 0.3 * np.random.RandomState(1).randn(*v.shape).astype(np.float32), fresh)
+    together, _ = conv.apply(variables, x, 4, method=GroupedCausalConv.prepare)
+    for b in range(3):
+        alone, _ = conv.apply(variables, x[:, 4 * b : 4 * b + 4], 4, method=GroupedCausalConv.prepare)
+        assert_close(np.asarray(together[:, 4 * b : 4 * b + 4]), np.asarray(alone), 1e-6)
+    whole, _ = conv.apply(variables, x, 12, method=GroupedCausalConv.prepare)  # one long block: taps do cross
+    assert np.abs(np.asarray(whole[:, 4:]) - np.asarray(together[:, 4:])).max() > 1e-2
