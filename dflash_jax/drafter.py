@@ -627,6 +627,64 @@ def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg
     return Target(target_cfg).apply({"params": target_params}, tokens, method="embed") * cfg.input_embedding_scale
 
 
+def selector_candidates(logits: Array, cfg: DrafterConfig) -> tuple[Array, Array]:
+    """DFlash 2's candidates: the unary scores and tokens of the head's top ``selector_top_k`` per
+    offset, ``([..., K, k] float32, [..., K, k] int32)`` from ``logits [..., K, V]`` (SPEC "DFlash 2" 2)."""
+    unary, candidates = jax.lax.top_k(logits.astype(jnp.float32), cfg.selector_top_k)
+    return unary, candidates.astype(jnp.int32)
+
+
+def selector_scores(params, hidden: Array, unary: Array, candidates: Array, predecessors: Array) -> Array:
+    """Candidate scores ``unary_j(b) + <A(a_j) * H(h_j), B(b)>`` ``[..., K, k]`` (float32) given each
+    offset's predecessor ``a_j`` (``predecessors [..., K]``: the anchor at offset 1, then the token
+    before each offset) and the drafter's final hidden states ``hidden [..., K, d]``; A, B are the
+    predecessor / successor codebooks, H the hidden projection (SPEC "DFlash 2" 2). With the gold
+    predecessors this is the training objective's teacher-forced score; the decode walk
+    (``select``) calls it one offset at a time with its own choices."""
+    h = hidden.astype(jnp.float32) @ params["hidden_projection"]  # [..., K, r]
+    query = jnp.take(jnp.asarray(params["predecessor_codebook"]), predecessors, axis=0) * h  # [..., K, r]
+    keys = jnp.take(jnp.asarray(params["successor_codebook"]), candidates, axis=0)  # [..., K, k, r]
+    return unary + jnp.einsum("...r,...kr->...k", query, keys)
+
+
+def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Array, temperature: float, key=None):
+    """DFlash 2's left-to-right walk over each block's candidates (SPEC "DFlash 2" 2; the
+    reference's ``CandidateSelector.select``): at offset j the predecessor is the anchor (j = 1)
+    or the token chosen at j - 1; greedy (``temperature == 0``) takes the best score, sampling draws
+    from ``softmax(scores / temperature)`` over the k candidates (no top-p / top-k inside the walk).
+
+    Args:
+      hidden: ``[B, K, d]`` the drafter's final hidden states at offsets 1..K.
+      logits: ``[B, K, V]`` the head's logits there (``draft_logits``).
+      anchor: int32 ``[B]``.
+      key: a PRNG key (sampling only); offset j draws with ``fold_in(key, j)``.
+
+    Returns:
+      ``(path int32 [B, K], candidates int32 [B, K, k], q float32 [B, K, k] or None)``: the chosen
+      tokens, the candidate sets, and under sampling each offset's q over its candidates (what the
+      verify's rejection rule uses, 0 outside them).
+    """
+    unary, candidates = selector_candidates(logits, cfg)
+
+    def step(prev, xs):
+        j, h, u, c = xs  # offset j's hidden [B, d], unary scores and candidates [B, k]
+        scores = selector_scores(params, h, u, c, prev)  # [B, k]
+        if temperature > 0:
+            q = jax.nn.softmax(scores / temperature, axis=-1)
+            index = jax.random.categorical(jax.random.fold_in(key, j), jnp.log(q), axis=-1)
+        else:
+            q, index = jnp.zeros_like(scores), jnp.argmax(scores, axis=-1)
+        chosen = jnp.take_along_axis(c, index[:, None], axis=1)[:, 0]
+        return chosen, (chosen, q)
+
+    by_offset = (jnp.arange(hidden.shape[1]),) + tuple(
+        jnp.swapaxes(jnp.asarray(x), 0, 1) for x in (hidden, unary, candidates)
+    )
+    _, (path, q) = jax.lax.scan(step, jnp.asarray(anchor, jnp.int32), by_offset)
+    path, q = path.T, jnp.swapaxes(q, 0, 1)
+    return path, candidates, (q if temperature > 0 else None)
+
+
 def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: int, block_valid: Array) -> list[Array]:
     """Per-layer masks ``[B, T, S + T]`` for drafting a block at ``start``: ``masks.decode_masks``
     with this drafter's layer types and window."""

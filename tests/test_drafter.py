@@ -269,3 +269,56 @@ def test_dflash2_convolution_stays_inside_each_block():
         assert_close(np.asarray(together[:, 4 * b : 4 * b + 4]), np.asarray(alone), 1e-6)
     whole, _ = conv.apply(variables, x, 12, method=GroupedCausalConv.prepare)  # one long block: taps do cross
     assert np.abs(np.asarray(whole[:, 4:]) - np.asarray(together[:, 4:])).max() > 1e-2
+
+
+def test_dflash2_selector_equals_reference(tmp_path):
+    """The candidate selector's candidates, greedy path and sampled q equal the reference's
+    ``CandidateSelector.select`` on random weights and inputs (batch 2): the same top-k sets, the
+    same greedy walk, and, along the reference's sampled path, the same q over each offset's
+    candidates (matched by token: the reference's top-k is unsorted)."""
+    import jax.numpy as jnp
+
+    from dflash.model import DFlash2DraftModel
+
+    from dflash_jax.drafter import select, selector_candidates, selector_scores
+
+    cfg = DrafterConfig.for_target(TARGET, num_layers=1, block_size=6, mask_token_id=3, **DFLASH2)
+    params = _dflash2_params(cfg, 3)
+    export_released(params, cfg, tmp_path / "drafter")
+    ref = DFlash2DraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval().candidate_selector
+    rs = np.random.RandomState(4)
+    hidden = rs.randn(2, 5, cfg.hidden_size).astype(np.float32)
+    logits = (3.0 * rs.randn(2, 5, cfg.vocab_size)).astype(np.float32)
+    anchor = np.array([7, 11])
+
+    path, cands, q = select(params, cfg, hidden, logits, anchor, 0.0)
+    assert q is None
+    with torch.no_grad():
+        ref_path, ref_cands, _ = ref.select(torch.tensor(hidden), torch.tensor(logits), torch.tensor(anchor), 0.0)
+    np.testing.assert_array_equal(np.sort(np.asarray(cands), -1), np.sort(ref_cands.numpy(), -1))
+    np.testing.assert_array_equal(np.asarray(path), ref_path.numpy())
+    # the walk's choices are not the head's argmax alone: the transition score changes some
+    assert (np.asarray(path) != logits.argmax(-1)).any()
+
+    temperature = 0.7
+    torch.manual_seed(0)
+    with torch.no_grad():
+        s_path, s_cands, s_q = ref.select(torch.tensor(hidden), torch.tensor(logits), torch.tensor(anchor), temperature)
+    s_path, s_cands, s_q = s_path.numpy(), s_cands.numpy(), s_q.numpy()
+    predecessors = np.concatenate([anchor[:, None], s_path[:, :-1]], 1)
+    unary, ours_c = selector_candidates(jnp.asarray(logits), cfg)
+    ours_q = np.asarray(jax_softmax(selector_scores(params, hidden, unary, ours_c, predecessors) / temperature))
+    ours_c = np.asarray(ours_c)
+    for b in range(2):
+        for j in range(5):
+            mine, theirs = np.argsort(ours_c[b, j]), np.argsort(s_cands[b, j])
+            np.testing.assert_array_equal(ours_c[b, j][mine], s_cands[b, j][theirs])
+            assert_close(ours_q[b, j][mine], s_q[b, j][theirs], TINY_REL)
+    _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=__import__("jax").random.key(0))
+    np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)
+
+
+def jax_softmax(x):
+    import jax
+
+    return jax.nn.softmax(x, axis=-1)
