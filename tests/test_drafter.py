@@ -276,8 +276,8 @@ def test_dflash2_selector_equals_reference(tmp_path):
     ``CandidateSelector.select`` on random weights and inputs (batch 2): the same top-k sets, the
     same greedy walk, and, along the reference's sampled path, the same q over each offset's
     candidates (matched by token: the reference's top-k is unsorted)."""
+    import jax
     import jax.numpy as jnp
-
     from dflash.model import DFlash2DraftModel
 
     from dflash_jax.drafter import select, selector_candidates, selector_scores
@@ -307,18 +307,12 @@ def test_dflash2_selector_equals_reference(tmp_path):
     s_path, s_cands, s_q = s_path.numpy(), s_cands.numpy(), s_q.numpy()
     predecessors = np.concatenate([anchor[:, None], s_path[:, :-1]], 1)
     unary, ours_c = selector_candidates(jnp.asarray(logits), cfg)
-    ours_q = np.asarray(jax_softmax(selector_scores(params, hidden, unary, ours_c, predecessors) / temperature))
+    ours_q = np.asarray(jax.nn.softmax(selector_scores(params, hidden, unary, ours_c, predecessors) / temperature))
     ours_c = np.asarray(ours_c)
     for b in range(2):
         for j in range(5):
             mine, theirs = np.argsort(ours_c[b, j]), np.argsort(s_cands[b, j])
             np.testing.assert_array_equal(ours_c[b, j][mine], s_cands[b, j][theirs])
             assert_close(ours_q[b, j][mine], s_q[b, j][theirs], TINY_REL)
-    _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=__import__("jax").random.key(0))
+    _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=jax.random.key(0))
     np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)
-
-
-def jax_softmax(x):
-    import jax
-
-    return jax.nn.softmax(x, axis=-1)
