@@ -205,7 +205,7 @@ class DrafterConfig:
                     + ("" if top_only else " (in dflash_config or at the top level)")
                 )
             try:
-                if kind is int and (isinstance(value, bool) or float(value) != int(value)):
+                if isinstance(value, bool) or (kind is int and float(value) != int(value)):
                     raise ValueError
                 return kind(value)
             except (TypeError, ValueError):
@@ -257,7 +257,7 @@ class DrafterConfig:
             block_input=str(dcfg.get("block_input", "mask")),
             ngram_max=number("ngram_max", default=4),
             ngram_min=number("ngram_min", default=1),
-            copy_bias=None if dcfg.get("copy_bias") is None else float(dcfg["copy_bias"]),
+            copy_bias=None if dcfg.get("copy_bias") is None else number("copy_bias", float),
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:

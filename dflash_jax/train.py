@@ -194,6 +194,16 @@ class Trainer:
             )
         if d.copy_bias is not None and "copy_bias" not in loaded:
             loaded = dict(loaded, copy_bias=params["copy_bias"])
+        if d.copy_bias is None and "copy_bias" in loaded:
+            raise ConfigError(
+                f"init_from {folder}: its drafter has a copy-bias table; set drafter.copy_bias (and "
+                'drafter.block_input="ngram") to continue it, or start from a drafter without one'
+            )
+        if "copy_bias" in loaded and np.shape(loaded["copy_bias"]) != np.shape(params["copy_bias"]):
+            raise ConfigError(
+                f"init_from {folder}: its copy-bias table is {np.shape(loaded['copy_bias'])}, this config's "
+                f"{np.shape(params['copy_bias'])} (ngram_max, block_size - 1); set drafter.ngram_max to match it"
+            )
         return jax.tree.map(lambda a, b: np.asarray(b, a.dtype), params, loaded)
 
     # -- checkpoints

@@ -9,8 +9,10 @@ way: one target forward per answer for the drafter's context, then the drafter's
 (``loss.block_logits``, the decoder's draft step on the same context up to float rounding:
 ``tests/test_train.py::test_training_forward_equals_decoder_drafter_random``) at every anchor, at
 each block size asked for; prompt lookup walks the same answers with the rule of SPEC "N-gram
-(prompt-lookup) drafting" (``ngram_acceptance.walk``). The last round is cut where the answer
-ends, as the length limit cuts a decode's. No decoding, so it costs about a target forward plus a
+(prompt-lookup) drafting" (``ngram_acceptance.propose``). The last round is cut where the answer
+ends, as the length limit cuts a decode's; in that round the decoder also hides the block's
+offsets past the limit from the drafter, which this walk does not, so the last round's draft (one
+round per answer at most) can differ from the decoder's. No decoding, so it costs about a target forward plus a
 drafter forward per block size per answer, where decoding costs a verify per round:
 this is the study's measure of tau (``docs/BENCHMARKS.md``, "Fixed-budget study"); ``bench``
 decodes, for speed.
@@ -46,6 +48,14 @@ def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int) -> list[int]:
     mask = np.arange(len(tokens)) >= start
     a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask)[: n - 1 - start]  # anchors start .. n-2
     return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
+
+
+def at_block_size(dparams, dcfg, block: int):
+    """The drafter as a block-``block`` drafter for the training forward, as the decoder runs it
+    with ``block_size=block``: the same weights, the copy-bias table cut to the block's offsets."""
+    if dcfg.copy_bias is not None:
+        dparams = dict(dparams, copy_bias=dparams["copy_bias"][:, : block - 1])
+    return dparams, dataclasses.replace(dcfg, block_size=block)
 
 
 def ngram_rounds(full: list[int], start: int, block: int) -> list[int]:
@@ -114,10 +124,10 @@ def main() -> None:
                     record("ngram", "", name, pid, b, ngram_rounds(full, start, b))
     for label, (dparams, dcfg, fp) in arms.items():
         for b in args.blocks:
-            cfg_b = dataclasses.replace(dcfg, block_size=b)
+            params_b, cfg_b = at_block_size(dparams, dcfg, b)
             for name, pid, full, start in tqdm(answers, desc=f"{label} @{b}", leave=False):
                 if (label, fp, name, pid, b) not in done:
-                    record(label, fp, name, pid, b, drafter_rounds(ck, dparams, cfg_b, full, start))
+                    record(label, fp, name, pid, b, drafter_rounds(ck, params_b, cfg_b, full, start))
     want = {"ngram": ""} if args.ngram == "on" else {}
     print_table(args.out, args.sets, args.blocks, {**want, **{k: v[2] for k, v in arms.items()}})
 

@@ -158,6 +158,12 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     assert back == cfg and back.copy_bias == 4.0
     np.testing.assert_array_equal(np.asarray(got["copy_bias"]), table)
     assert "copy_bias" not in dataclasses.replace(cfg, copy_bias=None).to_released()["dflash_config"]
+    from dflash_jax.errors import ConfigError
+
+    raw = cfg.to_released()
+    raw["dflash_config"]["copy_bias"] = True
+    with pytest.raises(ConfigError, match="copy_bias must be a number, got True"):
+        DrafterConfig.from_released(raw)
     DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
 
 

@@ -245,6 +245,29 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
     assert compared >= 8
 
 
+def test_study_tau_runs_a_copy_bias_drafter_at_a_smaller_block(tiny):
+    """launch/study_tau.py at block 4 with a block-8 copy-bias drafter (its table cut to the block,
+    ``at_block_size``): the rounds of a decode with ``block_size=4``, but for the last one (where
+    the decoder hides offsets past the length limit from the drafter)."""
+    sys.path.insert(0, str(ROOT / "launch"))
+    from study_tau import at_block_size, drafter_rounds
+
+    ck, folder = tiny
+    dcfg = DrafterConfig.for_target(
+        ck.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram", copy_bias=1.0
+    )
+    params = init_drafter_params(dcfg, seed=3)
+    params = dict(params, copy_bias=40.0 * jax.random.uniform(jax.random.key(1), params["copy_bias"].shape))
+    dec = Decoder(ck.params, ck.cfg, drafter=(params, dcfg), block_size=4)
+    tokens, mask = data.TokenDataset(folder)[2]
+    first = int(np.argmax(np.asarray(mask)))
+    full = np.asarray(tokens).tolist()
+    got = dec.generate([full[:first]], len(full) - first)[0]
+    assert got.token_ids == full[first:]
+    sim = drafter_rounds(ck, *at_block_size(params, dcfg, 4), full, first)
+    assert sim[:-1] == got.acceptance_lengths[:-1] and max(sim) > 1
+
+
 def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, monkeypatch):
     import dflash.model
     import torch
@@ -821,6 +844,14 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     rest = {k: v for k, v in copy.params.items() if k != "copy_bias"}
     for a, b in zip(jax.tree.leaves(rest), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    from dflash_jax.drafter_io import export_released
+
+    with_table = export_released(copy.params, copy.dcfg, tmp_path / "with_table")
+    with pytest.raises(ConfigError, match="its drafter has a copy-bias table; set drafter.copy_bias"):
+        Trainer(tiny_config(ck, folder, tmp_path / "f", f"init_from={with_table}"), log=lambda m: None)
+    with pytest.raises(ConfigError, match=r"its copy-bias table is \(4, 7\), this config's \(2, 7\)"):
+        extra2 = (*extra, "drafter.ngram_max=2")
+        Trainer(tiny_config(ck, folder, tmp_path / "g", f"init_from={with_table}", *extra2), log=lambda m: None)
     with pytest.raises(
         ConfigError, match='drafter.copy_bias must be None or a number, with drafter.block_input="ngram"'
     ):
