@@ -468,6 +468,9 @@ class Decoder:
                 )
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
+            dflash2 = getattr(getattr(self.drafter, "cfg", None), "dflash2", False)
+            if dflash2 and not sampling.greedy:  # its q lives on the selector's candidates, not the head's logits
+                raise ValueError("a DFlash 2 drafter decodes greedily only in this version; pass --temperature 0")
         if verify_lengths == "auto":
             cpu = jax.default_backend() == "cpu"
             verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None

@@ -660,9 +660,10 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
       key: a PRNG key (sampling only); offset j draws with ``fold_in(key, j)``.
 
     Returns:
-      ``(path int32 [B, K], candidates int32 [B, K, k], q float32 [B, K, k] or None)``: the chosen
-      tokens, the candidate sets, and under sampling each offset's q over its candidates (what the
-      verify's rejection rule uses, 0 outside them).
+      ``(path int32 [B, K], candidates int32 [B, K, k], q float32 [B, K, k])``: the chosen tokens,
+      the candidate sets, and each offset's q over its candidates (sampling: the distribution the
+      token was drawn from, which the verify's rejection rule uses, 0 outside the candidates;
+      greedy: the softmax of the scores, read as the walk's confidence).
     """
     unary, candidates = selector_candidates(logits, cfg)
 
@@ -672,8 +673,8 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
         if temperature > 0:
             q = jax.nn.softmax(scores / temperature, axis=-1)
             index = jax.random.categorical(jax.random.fold_in(key, j), jnp.log(q), axis=-1)
-        else:
-            q, index = jnp.zeros_like(scores), jnp.argmax(scores, axis=-1)
+        else:  # q at temperature 1: the walk's confidence in its choice
+            q, index = jax.nn.softmax(scores, axis=-1), jnp.argmax(scores, axis=-1)
         chosen = jnp.take_along_axis(c, index[:, None], axis=1)[:, 0]
         return chosen, (chosen, q)
 
@@ -682,7 +683,7 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
     )
     _, (path, q) = jax.lax.scan(step, jnp.asarray(anchor, jnp.int32), by_offset)
     path, q = path.T, jnp.swapaxes(q, 0, 1)
-    return path, candidates, (q if temperature > 0 else None)
+    return path, candidates, q
 
 
 def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: int, block_valid: Array) -> list[Array]:
@@ -741,13 +742,17 @@ class DraftStep:
         """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``
         (``block_tokens``: with ``block_input="ngram"`` the prompt-lookup continuation of ``tokens``,
         the loop's token buffer ``[B, L]``, in place of the first mask tokens)."""
+        return self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)[1]
+
+    def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
+        """(final hidden states ``[B, block_len - 1, d]``, logits) at offsets ``1 .. block_len - 1``."""
         block, num, matched = block_inputs(self.cfg, anchor, start, block_len, tokens)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
         masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
         positions = start[:, None] + jnp.arange(block_len)
-        hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)
-        logits = draft_logits(hidden[:, 1:], target_params, self.target_cfg, self.cfg)
-        return copy_prior(logits, params, self.cfg, block, num, matched)
+        hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)[:, 1:]
+        logits = draft_logits(hidden, target_params, self.target_cfg, self.cfg)
+        return hidden, copy_prior(logits, params, self.cfg, block, num, matched)
 
     def draft(
         self,
@@ -761,13 +766,17 @@ class DraftStep:
         *,
         tokens: Array | None = None,
     ):
-        """Greedy draft tokens ``[B, block_len - 1]`` for the blocks of ``logits``; with
-        ``confidence``, ``(tokens, None, probability of each token [B, block_len - 1])``."""
-        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
-        draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        if not self.confidence:
-            return draft
-        return draft, None, jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+        """Greedy draft tokens ``[B, block_len - 1]`` for the blocks of ``logits`` (DFlash 2: the
+        selector's greedy walk, ``select``); with ``confidence``, ``(tokens, None, probability of
+        each token [B, block_len - 1])`` (DFlash 2: its probability among the offset's candidates)."""
+        hidden, logits = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        if self.cfg.dflash2:
+            draft, _, q = select(params, self.cfg, hidden, logits, anchor, 0.0)
+            conf = jnp.max(q, axis=-1)
+        else:
+            draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+        return (draft, None, conf) if self.confidence else draft
 
 
 def check_fits(

@@ -357,3 +357,68 @@ def test_drafter_checkpoint_round_trip_through_the_cli(setup, tmp_path, capsys):
     with pytest.raises(SystemExit, match="already a dflash-jax drafter"):
         main(["import-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "y")])
     assert oct((tmp_path / "back").stat().st_mode & 0o777) != oct(0o700)  # an ordinary folder, not mkdtemp's
+
+
+def test_dflash2_greedy_equals_plain_and_the_reference_loop(setup, tmp_path, monkeypatch):
+    """A DFlash 2 drafter in the compiled loop: greedy output equals plain decoding (batch 3) and,
+    per prompt, the rounds equal ``dflash_generate``'s with ``DFlash2DraftModel`` on the same
+    files; sampling is refused. So that drafts are accepted, the selector is built to walk the
+    target's own bigrams: every token is a candidate, the block's final hidden states are nearly
+    one vector (sublayer outputs scaled down; the convolutions and attention still perturb them)
+    that the hidden projection maps to about all ones, and the codebooks score ``b`` after ``a``
+    by 30 when ``b`` most often followed ``a`` in the plain outputs."""
+    import dataclasses
+    import time
+    from collections import Counter
+
+    import dflash.model
+    import jax
+    from dflash.model import DFlash2DraftModel, dflash_generate
+
+    from dflash_jax.drafter import Drafter, block_embeddings
+
+    monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)
+    hf, ck, dcfg, _, plain, _ = setup
+    v = ck.cfg.vocab_size
+    cfg = dataclasses.replace(dcfg, conv_kernel_size=2, conv_group_size=16, selector_rank=v, selector_top_k=v)
+    rs = np.random.RandomState(7)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (4, 13, 30)]
+    want = plain.generate(prompts, 25)
+    follow = {}
+    for p, w in zip(prompts, want):
+        seq = p + w.token_ids
+        for a, b in zip(seq, seq[1:]):
+            follow.setdefault(a, Counter())[b] += 1
+
+    def weights(path, x):
+        name = jax.tree_util.keystr(path)
+        x = np.asarray(x) + (0.3 if "conv" in name else 0.05) * rs.randn(*x.shape).astype(np.float32)
+        return x * 0.01 if ("o_proj" in name or "down_proj" in name) else x
+
+    params = jax.tree_util.tree_map_with_path(weights, init_drafter_params(cfg, seed=4))
+    mask_emb = np.asarray(block_embeddings(np.array([[cfg.mask_token_id]]), ck.params, ck.cfg, cfg))[0, 0]
+    h = np.asarray(Drafter(cfg).apply({"params": params}, mask_emb[None], method=lambda m, x: m.norm(x)))[0]
+    successor = np.zeros((v, v), np.float32)
+    for a, counts in follow.items():
+        successor[counts.most_common(1)[0][0], a] = 30.0
+    params.update(
+        predecessor_codebook=np.eye(v, dtype=np.float32),
+        successor_codebook=successor,
+        hidden_projection=np.outer(h, np.ones(v, np.float32)) / float(h @ h),
+    )
+    export_released(params, cfg, tmp_path / "drafter")
+    ref = DFlash2DraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval()
+    dec = Decoder(ck.params, ck.cfg, drafter=(params, cfg))
+    got = dec.generate(prompts, 25)
+    for w, g, prompt in zip(want, got, prompts):
+        assert g.token_ids == w.token_ids
+        out = dflash_generate(
+            ref, hf, torch.tensor([prompt]), max_new_tokens=25, stop_token_ids=None, return_stats=True
+        )
+        assert g.token_ids == out.output_ids[0, len(prompt) :].tolist()
+        assert g.acceptance_lengths == out.acceptance_lengths
+    assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 5, [g.acceptance_lengths for g in got]
+    from dflash_jax.sampling import Sampling
+
+    with pytest.raises(ValueError, match="DFlash 2 drafter decodes greedily only"):
+        Decoder(ck.params, ck.cfg, drafter=(params, cfg), sampling=Sampling(0.8))
