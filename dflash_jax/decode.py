@@ -184,6 +184,12 @@ def update_calibration(stats: Array, conf: Array, accepted: Array, checked: Arra
     return stats + counts
 
 
+def _samples_itself(step) -> bool:
+    """A draft step that samples its own draft (DFlash 2's selector walk) instead of the loop
+    sampling each offset from its logits."""
+    return getattr(getattr(step, "cfg", None), "dflash2", False)
+
+
 def sample_draft(key: Array, q: Array) -> Array:
     """Draft tokens ``[B, K]``: one independent sample per offset from the drafter's ``q [B, K, V]``."""
     return jax.vmap(sample)(key, q)
@@ -302,6 +308,9 @@ def decode_loop(
             args = (drafter_params, target_params, dcache, block[:, 0], s.start, valid, bs)
             if sampling.greedy:
                 draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
+            elif _samples_itself(drafter):  # DFlash 2: its selector draws the draft and gives q
+                draft, q = drafter.sample(*args, key=k_draft, temperature=sampling.temperature, tokens=s.tokens)
+                num_draft, conf = None, jnp.max(q, axis=-1)
             else:
                 draft_logits, num_draft, conf = _with_count(drafter.logits(*args, tokens=s.tokens))
                 q = probs(draft_logits, sampling)
@@ -468,9 +477,6 @@ class Decoder:
                 )
             if not sampling.greedy and not hasattr(self.drafter, "logits"):
                 raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
-            dflash2 = getattr(getattr(self.drafter, "cfg", None), "dflash2", False)
-            if dflash2 and not sampling.greedy:  # its q lives on the selector's candidates, not the head's logits
-                raise ValueError("a DFlash 2 drafter decodes greedily only in this version; pass --temperature 0")
         if verify_lengths == "auto":
             cpu = jax.default_backend() == "cpu"
             verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None

@@ -657,7 +657,8 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
       hidden: ``[B, K, d]`` the drafter's final hidden states at offsets 1..K.
       logits: ``[B, K, V]`` the head's logits there (``draft_logits``).
       anchor: int32 ``[B]``.
-      key: a PRNG key (sampling only); offset j draws with ``fold_in(key, j)``.
+      key: typed PRNG keys ``[B]``, one per row (sampling only); row b draws offset j with
+        ``fold_in(key[b], j)``, so a row's draft never depends on the rest of the batch.
 
     Returns:
       ``(path int32 [B, K], candidates int32 [B, K, k], q float32 [B, K, k])``: the chosen tokens,
@@ -672,7 +673,8 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
         scores = selector_scores(params, h, u, c, prev)  # [B, k]
         if temperature > 0:
             q = jax.nn.softmax(scores / temperature, axis=-1)
-            index = jax.random.categorical(jax.random.fold_in(key, j), jnp.log(q), axis=-1)
+            draw = lambda k, logq: jax.random.categorical(jax.random.fold_in(k, j), logq)  # noqa: E731
+            index = jax.vmap(draw)(key, jnp.log(q))
         else:  # q at temperature 1: the walk's confidence in its choice
             q, index = jax.nn.softmax(scores, axis=-1), jnp.argmax(scores, axis=-1)
         chosen = jnp.take_along_axis(c, index[:, None], axis=1)[:, 0]
@@ -777,6 +779,30 @@ class DraftStep:
             draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
             conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
         return (draft, None, conf) if self.confidence else draft
+
+    def sample(
+        self,
+        params,
+        target_params,
+        cache,
+        anchor: Array,
+        start: Array,
+        block_valid: Array,
+        block_len: int,
+        *,
+        key: Array,
+        temperature: float,
+        tokens: Array | None = None,
+    ) -> tuple[Array, Array]:
+        """DFlash 2 under sampling: the selector's sampled walk ``(draft int32 [B, block_len - 1],
+        q float32 [B, block_len - 1, V])``, q the walk's distribution over each offset's candidates
+        scattered onto the vocabulary (0 elsewhere), which the loop's rejection rule reads (SPEC
+        "DFlash 2" 2; ``dflash_generate`` with ``draft_indices``). ``key``: per-row keys ``[B]``."""
+        hidden, logits = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        draft, candidates, q = select(params, self.cfg, hidden, logits, anchor, temperature, key)
+        dense = jnp.zeros(logits.shape, jnp.float32)
+        b, k = jnp.indices(candidates.shape[:2])
+        return draft, dense.at[b[..., None], k[..., None], candidates].set(q)
 
 
 def check_fits(

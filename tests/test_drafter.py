@@ -319,5 +319,5 @@ def test_dflash2_selector_equals_reference(tmp_path):
             mine, theirs = np.argsort(ours_c[b, j]), np.argsort(s_cands[b, j])
             np.testing.assert_array_equal(ours_c[b, j][mine], s_cands[b, j][theirs])
             assert_close(ours_q[b, j][mine], s_q[b, j][theirs], TINY_REL)
-    _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=jax.random.key(0))
+    _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=jax.random.split(jax.random.key(0), 2))
     np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)

@@ -212,3 +212,26 @@ def test_one_stream_at_a_time_per_decoder(tiny):
         next(dec.stream(PROMPT, 8))
     rest = list(first)
     assert len(rest) == 7 and list(dec.stream(PROMPT, 8))  # the decoder streams again once the first is done
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=["t0.8", "t1-p0.9-k5"])
+def test_dflash2_sampling_keeps_the_target_distribution(tiny, s):
+    """A DFlash 2 drafter samples its draft from the selector's walk over 3 of the 8 tokens per
+    offset; the loop's rejection rule reads that sparse q (0 outside the candidates): the output
+    is still distributed as the target's, and drafts are accepted."""
+    import dataclasses
+
+    cfg, params, dcfg, _ = tiny
+    d2 = dataclasses.replace(dcfg, conv_kernel_size=2, conv_group_size=16, selector_rank=4, selector_top_k=3)
+    rs = np.random.RandomState(3)
+    d2params = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*x.shape), init_drafter_params(d2, seed=2))
+    spec = Decoder(params, cfg, drafter=(d2params, d2), block_size=4, sampling=s)
+    counts = np.zeros((V, V, V))
+    multi = 0
+    for c in range(0, N, CHUNK):
+        for r in spec.generate([PROMPT] * CHUNK, 3, (), seed=list(range(c, c + CHUNK))):
+            counts[tuple(r.token_ids)] += 1
+            multi += max(r.acceptance_lengths) > 1
+    assert multi > N // 20  # drafts were accepted
+    assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
+    assert chi_square_p(counts, exact_joint(cfg, params, Sampling(s.temperature * 1.5, s.top_p, s.top_k))) < P_REJECT
