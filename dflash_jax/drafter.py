@@ -181,18 +181,15 @@ class DrafterConfig:
 
         Raises:
           ConfigError: a required field missing (``num_target_layers``, ``mask_token_id``,
-            ``num_hidden_layers``, ...), a field of the wrong type, a DFlash 2 drafter, or an
-            unsupported setting; one line naming the field.
+            ``num_hidden_layers``, a DFlash 2 drafter's ``conv_kernel_size``, ...), a field of the
+            wrong type, top-level and ``dflash_config`` block sizes that disagree, or an unsupported
+            setting; one line naming the field.
         """
         dcfg = hf.get("dflash_config") or {}
         if not isinstance(dcfg, dict):
             raise ConfigError("drafter config.json: dflash_config must be an object")
         arch = hf.get("architectures") or []
-        if any("DFlash2" in str(a) for a in arch):
-            raise ConfigError(
-                f"drafter config.json is a DFlash 2 drafter ({arch[0]}); this version of dflash-jax reads "
-                "DFlash (DFlashDraftModel) drafters only, so it refuses rather than run it as one"
-            )
+        dflash2 = any("DFlash2" in str(a) for a in arch)
 
         def get(name, default=None):
             return dcfg.get(name, hf.get(name, default))
@@ -231,6 +228,19 @@ class DrafterConfig:
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ConfigError(f"drafter config.json: target_layer_ids must be a list of integers, got {ids!r}")
         softcap = get("final_logit_softcapping")
+        top, inner = hf.get("block_size"), dcfg.get("block_size")
+        if top is not None and inner is not None and top != inner:
+            raise ConfigError(
+                f"drafter config.json: block_size {top!r} at the top level but {inner!r} in dflash_config; "
+                "make them agree (the reference reads dflash_config's)"
+            )
+        extra = {}
+        if dflash2:  # SPEC "DFlash 2": its fields, where the reference reads them
+            extra = {k: number(k) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
+            if extra["conv_kernel_size"] < 1:
+                raise ConfigError(
+                    f"drafter config.json: conv_kernel_size must be >= 1, got {extra['conv_kernel_size']}"
+                )
         return cls(
             hidden_size=number("hidden_size", top_only=True),
             intermediate_size=number("intermediate_size", top_only=True),
@@ -258,6 +268,7 @@ class DrafterConfig:
             ngram_max=number("ngram_max", default=4),
             ngram_min=number("ngram_min", default=1),
             copy_bias=None if dcfg.get("copy_bias") is None else number("copy_bias", float),
+            **extra,
         )
 
     def to_released(self, target_identity: dict | None = None) -> dict:

@@ -321,3 +321,47 @@ def test_dflash2_selector_equals_reference(tmp_path):
             assert_close(ours_q[b, j][mine], s_q[b, j][theirs], TINY_REL)
     _, _, q = select(params, cfg, hidden, logits, anchor, temperature, key=jax.random.split(jax.random.key(0), 2))
     np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_dflash2_folders_round_trip_and_bad_ones_are_refused(tmp_path):
+    """A DFlash 2 folder (written by ``export_released``) reads back to the same config and the same
+    tensors, bit for bit, through ``load_drafter``; a missing or misshapen DFlash 2 tensor, a missing
+    DFlash 2 field, or top-level and ``dflash_config`` block sizes that disagree are refused in one
+    line naming what is wrong."""
+    import json
+
+    import jax
+    from safetensors.numpy import load_file, save_file
+
+    from dflash_jax.drafter_io import load_drafter
+    from dflash_jax.errors import CheckpointError, ConfigError
+
+    cfg = DrafterConfig.for_target(TARGET, num_layers=2, block_size=6, mask_token_id=3, **DFLASH2)
+    params = _dflash2_params(cfg, 5)
+    out = export_released(params, cfg, tmp_path / "d")
+    got, back, _ = load_drafter(out)
+    assert back == cfg and back.dflash2
+    for (pa, a), (pb, b) in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves_with_path(got)):
+        assert pa == pb
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def broken(name, change_tensors=None, change_config=None):
+        bad = tmp_path / name
+        bad.mkdir()
+        w = load_file(out / "model.safetensors")
+        raw = json.loads((out / "config.json").read_text())
+        change_tensors and change_tensors(w)
+        change_config and change_config(raw)
+        save_file(w, str(bad / "model.safetensors"))
+        (bad / "config.json").write_text(json.dumps(raw))
+        return bad
+
+    with pytest.raises(CheckpointError, match="candidate_selector.successor_codebook"):
+        load_drafter(broken("missing", lambda w: w.pop("candidate_selector.successor_codebook")))
+    shape = lambda w: w.update({"layers.1.mlp_conv.base_kernel": np.zeros((2, 3, 64), np.float32)})  # noqa: E731
+    with pytest.raises(CheckpointError, match="layers.1.mlp_conv.base_kernel"):
+        load_drafter(broken("misshapen", shape))
+    with pytest.raises(ConfigError, match="selector_top_k"):
+        load_drafter(broken("no-field", change_config=lambda r: r["dflash_config"].pop("selector_top_k")))
+    with pytest.raises(ConfigError, match="block_size 6 at the top level but 8 in dflash_config"):
+        load_drafter(broken("blocks", change_config=lambda r: r["dflash_config"].update(block_size=8)))
