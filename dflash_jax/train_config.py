@@ -78,11 +78,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
     return cfg
 
 
-NEWER_TRAIN_FIELDS = (
-    "loss_offsets",
-    "length_buckets",
-    "copy_bias_lr",
-)  # left out of a run's identity at their defaults
+# left out of a run's identity at their defaults
+NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets", "copy_bias_lr")
 
 
 def validate_config(c) -> None:

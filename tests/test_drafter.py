@@ -61,6 +61,35 @@ CONFIGS = {
 }
 
 
+def _one_block(cfg, params, tparams, ref, ctx_len=9):
+    """One block ``[anchor 7, mask...]`` at position ``ctx_len`` after ``ctx_len`` random context
+    features, through our drafter and through the reference ``ref`` (target embeddings from
+    ``tparams``): ``(ours [1, B, d], the reference's as a torch tensor, ours_with)``, where
+    ``ours_with(cfg, params)`` runs another of our drafters on the same inputs."""
+    bs = cfg.block_size
+    feats = np.random.RandomState(0).randn(1, ctx_len, len(cfg.target_layer_ids) * cfg.hidden_size)
+    feats = feats.astype(np.float32)
+    block = np.array([[7] + [cfg.mask_token_id] * (bs - 1)])
+    positions = np.arange(ctx_len, ctx_len + bs)[None]
+
+    def ours_with(c, p):
+        model = Drafter(c)
+        ctx = model.apply({"params": p}, feats, method=Drafter.fuse)
+        kv = model.apply({"params": p}, ctx, np.arange(ctx_len)[None], method=Drafter.context_kv)
+        masks = decode_masks(c, ctx_len, np.array([ctx_len]), bs, np.array([bs]))
+        return np.asarray(model.apply({"params": p}, block_embeddings(block, tparams, TARGET, c), positions, kv, masks))
+
+    emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)] * cfg.input_embedding_scale
+    with torch.no_grad():
+        want = ref(
+            target_hidden=torch.tensor(feats),
+            noise_embedding=emb_t,
+            position_ids=torch.arange(ctx_len + bs)[None],
+            use_cache=False,
+        )
+    return ours_with(cfg, params), want, ours_with
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_draft_logits_equal_reference(name, tmp_path):
     from dflash.model import DFlashDraftModel
@@ -73,29 +102,9 @@ def test_draft_logits_equal_reference(name, tmp_path):
     assert cfg2 == cfg
 
     ref = DFlashDraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval()
-    rs = np.random.RandomState(0)
-    ctx_len, bs, start = 9, cfg.block_size, 9
-    feats = rs.randn(1, ctx_len, len(cfg.target_layer_ids) * cfg.hidden_size).astype(np.float32)
-    block = np.array([[7] + [cfg.mask_token_id] * (bs - 1)])
-
-    # ours
-    model = Drafter(cfg2)
-    emb = block_embeddings(block, tparams, TARGET, cfg2)
-    ctx = model.apply({"params": params2}, feats, method=Drafter.fuse)
-    kv = model.apply({"params": params2}, ctx, np.arange(ctx_len)[None], method=Drafter.context_kv)
-    masks = decode_masks(cfg2, ctx_len, np.array([start]), bs, np.array([bs]))
-    hidden = model.apply({"params": params2}, emb, np.arange(start, start + bs)[None], kv, masks)
+    hidden, h, _ = _one_block(cfg2, params2, tparams, ref)  # the reference: target embedding / head from tparams
     ours = np.asarray(draft_logits(hidden, tparams, TARGET, cfg2))
-
-    # reference: same weights, target embedding / head from our random target params
-    emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)] * cfg.input_embedding_scale
     with torch.no_grad():
-        h = ref(
-            target_hidden=torch.tensor(feats),
-            noise_embedding=emb_t,
-            position_ids=torch.arange(start + bs)[None],
-            use_cache=False,
-        )
         head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         head.weight.copy_(torch.tensor(np.asarray(tparams["lm_head"]).T))
         want = ref.compute_logits(h, head).numpy()
@@ -216,26 +225,8 @@ def test_dflash2_backbone_equals_reference(tmp_path):
     )
     conv = ref.layers[1].mlp_conv
     np.testing.assert_array_equal(conv.base_kernel.detach().numpy(), params["layers_1"]["mlp_conv"]["base_kernel"])
-    rs = np.random.RandomState(0)
-    ctx_len, bs = 9, cfg.block_size
-    feats = rs.randn(1, ctx_len, len(cfg.target_layer_ids) * cfg.hidden_size).astype(np.float32)
-    block = np.array([[7] + [cfg.mask_token_id] * (bs - 1)])
-
-    model = Drafter(cfg)
-    emb = block_embeddings(block, tparams, TARGET, cfg)
-    ctx = model.apply({"params": params}, feats, method=Drafter.fuse)
-    kv = model.apply({"params": params}, ctx, np.arange(ctx_len)[None], method=Drafter.context_kv)
-    masks = decode_masks(cfg, ctx_len, np.array([ctx_len]), bs, np.array([bs]))
-    ours = np.asarray(model.apply({"params": params}, emb, np.arange(ctx_len, ctx_len + bs)[None], kv, masks))
-
-    emb_t = torch.tensor(np.asarray(tparams["embedding"]))[torch.tensor(block)]
-    with torch.no_grad():
-        want = ref(
-            target_hidden=torch.tensor(feats),
-            noise_embedding=emb_t,
-            position_ids=torch.arange(ctx_len + bs)[None],
-            use_cache=False,
-        ).numpy()
+    ours, want, ours_with = _one_block(cfg, params, tparams, ref)
+    want = want.numpy()
     assert_close(ours, want, TINY_REL)
     # the convolutions matter: the same weights without them give other hidden states
     plain_cfg = DrafterConfig.for_target(TARGET, num_layers=2, block_size=6, mask_token_id=3)
@@ -246,9 +237,7 @@ def test_dflash2_backbone_equals_reference(tmp_path):
         k: ({n: w for n, w in v.items() if not n.endswith("_conv")} if k.startswith("layers_") else v)
         for k, v in plain.items()
     }
-    other = np.asarray(
-        Drafter(plain_cfg).apply({"params": plain}, emb, np.arange(ctx_len, ctx_len + bs)[None], kv, masks)
-    )
+    other = ours_with(plain_cfg, plain)
     assert np.abs(other - want).max() > 0.1 * np.abs(want).max()
 
 
