@@ -33,6 +33,14 @@ def get_config() -> ConfigDict:
     # with "ngram": a learned logit bonus for the proposed token per matched length and offset,
     # starting at this value (None: no bonus)
     c.drafter.copy_bias = None
+    # DFlash 2 (SPEC "DFlash 2"): grouped dynamic causal convolutions of this kernel size around each
+    # sublayer (0 = DFlash, none; 2 in released DFlash 2 drafters) over channel groups of
+    # conv_group_size, and a candidate selector of rank selector_rank (>= 1 with DFlash 2) over the
+    # head's top selector_top_k tokens per offset
+    c.drafter.conv_kernel_size = 0
+    c.drafter.conv_group_size = 16
+    c.drafter.selector_rank = 0
+    c.drafter.selector_top_k = 16
 
     c.train = ConfigDict()
     c.train.steps = 2000
@@ -48,6 +56,8 @@ def get_config() -> ConfigDict:
     c.train.length_buckets = ()  # e.g. (256, 320): pad each batch to the smallest that holds it (() = max_len)
     c.train.lr = 6e-4
     c.train.copy_bias_lr = 0.0  # the copy-bias table's peak lr (logit units; 0 = train.lr like the rest)
+    c.train.selector_alpha = 1.0  # DFlash 2: the selector loss's weight beside the block loss
+    c.train.selector_stop_grad = False  # DFlash 2: True = the selector loss trains the selector only
     c.train.warmup_frac = 0.04
     c.train.weight_decay = 0.0
     c.train.b1 = 0.9

@@ -14,6 +14,10 @@ For every sequence of a batch:
    ``jax.checkpoint``), with the masks of ``dflash_jax.masks``, so memory grows linearly
    with the number of anchors and no ``[queries, keys]`` mask over all blocks is built.
 
+For a DFlash 2 drafter (SPEC "DFlash 2") every chunk also gives the selector's teacher-forced
+k-way cross-entropy (``selector_loss``), weighted by the same ``w_k``; the trainer adds it times
+``train.selector_alpha``.
+
 ``block_loss`` returns **sums** (weighted cross-entropy, weights, per-offset counts), so the
 caller normalises by the weight sum of the whole global batch (all devices, all
 accumulation steps), as SPEC 6 asks.
@@ -27,7 +31,16 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax import masks as masks_lib
-from dflash_jax.drafter import Drafter, DrafterConfig, block_embeddings, block_inputs, copy_prior, draft_logits
+from dflash_jax.drafter import (
+    Drafter,
+    DrafterConfig,
+    block_embeddings,
+    block_inputs,
+    copy_prior,
+    draft_logits,
+    selector_candidates,
+    selector_scores,
+)
 from dflash_jax.target import Target, TargetConfig
 
 Array = jax.Array
@@ -89,7 +102,8 @@ def block_labels(tokens: Array, loss_mask: Array, anchors: Anchors, block_size: 
 
 
 class BlockStats(NamedTuple):
-    """Sums over a batch (normalise by ``weight``): all float32."""
+    """Sums over a batch (normalise by ``weight``): all float32. The selector fields are DFlash 2's
+    (``selector_loss``) and stay 0 for a DFlash drafter."""
 
     loss: Array  # scalar: sum of w_k * CE over counted labels
     weight: Array  # scalar: sum of w_k over counted labels
@@ -97,6 +111,15 @@ class BlockStats(NamedTuple):
     correct: Array  # [B]: argmax == label per offset
     prefix: Array  # scalar: sum over real blocks of the number of leading correct offsets
     blocks: Array  # scalar: real blocks
+    selector_loss: Array  # scalar: sum of w_k * the selector's k-way CE over counted labels
+    selector_correct: Array  # scalar: counted labels where the teacher-forced selector picks the gold token
+    covered: Array  # scalar: counted labels whose gold token is among the head's top k
+
+    @classmethod
+    def zeros(cls, block_size: int) -> BlockStats:
+        """All-zero sums (the start of an accumulation)."""
+        z, per_offset = jnp.zeros((), jnp.float32), jnp.zeros((block_size,), jnp.float32)
+        return cls(z, z, per_offset, per_offset, z, z, z, z, z)
 
 
 def target_features(target_params, tokens: Array, *, tcfg: TargetConfig, layer_ids) -> Array:
@@ -125,10 +148,13 @@ def block_logits(
     tcfg: TargetConfig,
     cfg: DrafterConfig,
     loss_offsets: int = 0,
-) -> Array:
+    with_hidden: bool = False,
+):
     """Draft logits ``[b, A, K, V]`` (float32) at block offsets ``1..K`` of the blocks at ``anchors``
     (``K = loss_offsets``, 0: all ``B-1``; offset 0, the anchor itself, is never predicted, and
-    the LM head, most of the cost, runs only where the loss looks).
+    the LM head, most of the cost, runs only where the loss looks); with ``with_hidden``,
+    ``(logits, hidden [b, A, K, d])``, the drafter's final hidden states there (DFlash 2's selector
+    reads them).
 
     This is the training forward for a group of blocks; ``block_loss`` calls it per chunk.
     """
@@ -145,7 +171,44 @@ def block_logits(
     k = loss_offsets or bs - 1
     hidden = hidden.reshape(b, a, bs, -1)[:, :, 1 : k + 1]
     logits = draft_logits(hidden, target_params, tcfg, cfg)
-    return copy_prior(logits, drafter_params, cfg, block.reshape(b, a, bs), num.reshape(b, a), matched.reshape(b, a))
+    logits = copy_prior(logits, drafter_params, cfg, block.reshape(b, a, bs), num.reshape(b, a), matched.reshape(b, a))
+    return (logits, hidden) if with_hidden else logits
+
+
+def selector_loss(
+    drafter_params, cfg: DrafterConfig, hidden: Array, logits: Array, labels: Array, predecessors: Array
+) -> tuple[Array, Array, Array]:
+    """DFlash 2's selector objective per label (SPEC "DFlash 2", training): the k-way cross-entropy
+    of the selector scores over the head's top ``selector_top_k`` candidates, with the gold previous
+    token as predecessor (teacher forcing); a gold token outside the top k joins its offset's
+    candidate set, for the loss only, as a (k+1)-th candidate scored like the rest.
+
+    Args:
+      hidden: ``[..., K, d]`` the drafter's final hidden states at offsets 1..K.
+      logits: ``[..., K, V]`` float32, the head's logits there (the unary scores).
+      labels: int32 ``[..., K]`` the gold tokens; predecessors: int32 ``[..., K]`` the gold token
+        before each (the anchor at offset 1).
+    Returns:
+      ``(ce, picked, covered)``, each ``[..., K]``: the cross-entropy (float32); whether the
+      selector's best among the top k is the gold token (bool; its greedy choice with a correct
+      prefix); whether the gold token is among the top k (bool).
+    """
+    unary, candidates = selector_candidates(logits, cfg)  # [..., K, k]
+    hit = candidates == labels[..., None]
+    covered = hit.any(-1)
+    gold_unary = jnp.take_along_axis(logits, labels[..., None], axis=-1)
+    scores = selector_scores(
+        drafter_params,
+        hidden,
+        jnp.concatenate([unary, gold_unary], axis=-1),
+        jnp.concatenate([candidates, labels[..., None]], axis=-1),
+        predecessors,
+    )  # [..., K, k + 1]; the last slot only counts when the gold token is not already a candidate
+    scores = scores.at[..., -1].set(jnp.where(covered, -jnp.inf, scores[..., -1]))
+    gold = jnp.where(covered, jnp.argmax(hit, axis=-1), cfg.selector_top_k)
+    ce = jax.nn.logsumexp(scores, axis=-1) - jnp.take_along_axis(scores, gold[..., None], axis=-1)[..., 0]
+    picked = covered & (jnp.argmax(scores[..., :-1], axis=-1) == gold)
+    return ce, picked, covered
 
 
 def block_loss(
@@ -162,6 +225,7 @@ def block_loss(
     loss_offsets: int = 0,
     remat: bool = True,
     feats: Array | None = None,
+    selector_stop_grad: bool = False,
 ) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
@@ -180,6 +244,8 @@ def block_loss(
         loss and gradients, faster when memory allows (15% per step for the SmolLM2 CPU recipe).
       feats: the target's tapped features ``[b, T, n_taps * d]`` of ``tokens`` if already known
         (stored by ``data.write_features``); ``None``: computed here by the frozen target.
+      selector_stop_grad: DFlash 2 only: the selector loss trains the selector's own parameters
+        only (no gradient into the unary logits and the backbone).
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
@@ -201,10 +267,18 @@ def block_loss(
 
     def chunk(args):
         pos, valid, lab, u = args
-        logits = block_logits(
-            drafter_params, target_params, ctx_kv, tokens, Anchors(pos, valid), tcfg=tcfg, cfg=cfg, loss_offsets=k
+        logits, hidden = block_logits(
+            drafter_params,
+            target_params,
+            ctx_kv,
+            tokens,
+            Anchors(pos, valid),
+            tcfg=tcfg,
+            cfg=cfg,
+            loss_offsets=k,
+            with_hidden=True,
         )  # offsets 1..k
-        lab, u = lab[..., 1 : k + 1], u[..., 1 : k + 1]
+        prev, lab, u = lab[..., :k], lab[..., 1 : k + 1], u[..., 1 : k + 1]  # the gold token before each offset
         logz = jax.nn.logsumexp(logits, axis=-1)
         ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
         uf = u.astype(jnp.float32)
@@ -212,6 +286,12 @@ def block_loss(
         # leading correct offsets (1..k) of each real block: its acceptance length minus the bonus
         lead = jnp.cumprod(right.astype(jnp.int32), axis=-1).sum(-1)
         pad = (1, cfg.block_size - 1 - k)  # per-offset sums back to [B]: offset 0 and offsets past k are 0
+        zero = jnp.zeros((), jnp.float32)
+        selector = (zero, zero, zero)
+        if cfg.dflash2:
+            sg = jax.lax.stop_gradient if selector_stop_grad else (lambda x: x)
+            sce, picked, covered = selector_loss(drafter_params, cfg, sg(hidden), sg(logits), lab, prev)
+            selector = (jnp.sum(jnp.where(u, sce, 0.0) * w[1 : k + 1]), jnp.sum(picked & u), jnp.sum(covered & u))
         return (
             jnp.sum(ce * uf * w[1 : k + 1]),
             jnp.sum(uf * w[1 : k + 1]),
@@ -219,6 +299,7 @@ def block_loss(
             jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
             jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32),
             valid.sum().astype(jnp.float32),
+            *(x.astype(jnp.float32) for x in selector),
         )
 
     parts = jax.lax.map(

@@ -45,6 +45,8 @@ from dflash_jax.train_config import differences, drafter_config, fingerprint, ru
 from dflash_jax.train_step import eval_stats, make_optimizer, make_schedule, sharded_step, summarise
 from dflash_jax.utils import atomic_write_text, enable_compilation_cache, read_jsonl
 
+SELECTOR_METRICS = ("selector_loss", "selector_acc", "topk_coverage")  # DFlash 2's, beside the block loss's
+
 
 class Trainer:
     """A training run in ``c.out_dir``: ``ckpt/`` (orbax, last N states), ``metrics.jsonl``,
@@ -118,7 +120,14 @@ class Trainer:
         if c.get("init_from"):
             params = self._initial_weights(c.init_from, params)
         self._step, param_sh, self.batch_sh, opt_sh = sharded_step(
-            self.mesh, params, self.target.params, opt=self.opt, **kw, stored_features=self.features is not None
+            self.mesh,
+            params,
+            self.target.params,
+            opt=self.opt,
+            **kw,
+            stored_features=self.features is not None,
+            selector_alpha=t.get("selector_alpha", 1.0),
+            selector_stop_grad=t.get("selector_stop_grad", False),
         )
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
@@ -185,6 +194,10 @@ class Trainer:
         # (a copy bias it lacks starts at the config's value)
         d = self.dcfg
         inputs = dict(block_input=d.block_input, ngram_max=d.ngram_max, ngram_min=d.ngram_min, copy_bias=d.copy_bias)
+        upgrade = d.dflash2 and not cfg.dflash2  # a DFlash drafter starts a DFlash 2 run: its backbone
+        if upgrade:  # the convolutions start as the identity and the selector at random (SPEC "DFlash 2")
+            dflash2_fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+            inputs |= {k: getattr(d, k) for k in dflash2_fields}
         ours, theirs = self.dcfg.to_released(), dataclasses.replace(cfg, **inputs).to_released()
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if diff:
@@ -192,6 +205,8 @@ class Trainer:
                 f"init_from {folder}: its drafter differs from this config's in {', '.join(diff)}; "
                 "set the drafter.* fields to match it"
             )
+        if upgrade:
+            loaded = _with_missing(loaded, params)
         if d.copy_bias is not None and "copy_bias" not in loaded:
             loaded = dict(loaded, copy_bias=params["copy_bias"])
         if d.copy_bias is None and "copy_bias" in loaded:
@@ -342,7 +357,7 @@ class Trainer:
             )
             s = self._eval(self.params, self.target.params, batch, jax.random.PRNGKey(c.seed + 1))
             total = s if total is None else jax.tree.map(jnp.add, total, s)
-        out = {f"val_{k}": v for k, v in summarise(total).items()} if total is not None else {}
+        out = {f"val_{k}": v for k, v in summarise(total, self.dcfg.dflash2).items()} if total is not None else {}
         if c.eval.decode_prompts and jax.process_count() == 1:  # a real decode runs on one host
             out["val_decode_tau"] = self.decode_tau(c.eval.decode_prompts, c.eval.decode_max_new_tokens)
         return out
@@ -414,15 +429,20 @@ class Trainer:
                 "lr": float(self.schedule(self.step - 1)),
                 "step_s": dt,
             }
+            rec |= {k: float(m[k]) for k in SELECTOR_METRICS if k in m}  # DFlash 2
             if self.step % c.eval.every == 0 or self.step == t.steps:
                 val = self.validate()
                 rec |= {k: (float(v) if np.ndim(v) == 0 else [float(x) for x in v[1:]]) for k, v in val.items()}
-                if "val_loss" in rec and rec["val_loss"] < self.best:
-                    self.best = rec["val_loss"]
+                # the objective trained: the block loss, plus DFlash 2's weighted selector loss
+                score = rec.get("val_loss", math.inf) + t.get("selector_alpha", 1.0) * rec.get("val_selector_loss", 0.0)
+                if score < self.best:
+                    self.best = score
                     self.export("best")
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc1=f"{rec['acc'][0]:.2f}", tau=f"{rec['tau_est']:.2f}")
+            shown = {"sel": f"{rec['selector_acc']:.2f}"} if "selector_acc" in rec else {}  # DFlash 2
+            tau = f"{rec['tau_est']:.2f}"
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc1=f"{rec['acc'][0]:.2f}", tau=tau, **shown)
             bar.update(1)
             if self.step % c.ckpt.every == 0 or self.step == t.steps:
                 self.save()
@@ -432,6 +452,17 @@ class Trainer:
         if self.step == t.steps:
             self.log(f"wrote final drafter {self.export('drafter')}")
         return last
+
+
+def _with_missing(tree: dict, fill: dict) -> dict:
+    """``tree`` with the entries of ``fill`` it lacks (nested dicts merged key by key)."""
+    out = dict(tree)
+    for k, v in fill.items():
+        if k not in out:
+            out[k] = v
+        elif isinstance(v, dict):
+            out[k] = _with_missing(out[k], v)
+    return out
 
 
 def _check_batch_layout(c, mesh) -> None:

@@ -124,6 +124,23 @@ def validate_config(c) -> None:
         or (isinstance(bias, (int, float)) and not isinstance(bias, bool) and d.get("block_input") == "ngram"),
         'drafter.copy_bias must be None or a number, with drafter.block_input="ngram"',
     )
+    conv, rank = d.get("conv_kernel_size", 0), d.get("selector_rank", 0)
+    need(is_int(conv) and conv >= 0, "drafter.conv_kernel_size must be an integer >= 0 (0: DFlash, no DFlash 2)")
+    if conv:
+        need(
+            is_int(rank) and rank >= 1 and is_int(d.get("selector_top_k")) and d.selector_top_k >= 1,
+            "a DFlash 2 drafter (drafter.conv_kernel_size > 0) needs drafter.selector_rank >= 1 and "
+            "drafter.selector_top_k >= 1",
+        )
+        need(is_int(d.get("conv_group_size")) and d.conv_group_size >= 1, "drafter.conv_group_size must be >= 1")
+    else:
+        need(not rank, "drafter.selector_rank is DFlash 2's: set drafter.conv_kernel_size (2) too, or selector_rank 0")
+    alpha = t.get("selector_alpha", 1.0)
+    need(
+        isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha >= 0,
+        "train.selector_alpha must be a number >= 0",
+    )
+    need(isinstance(t.get("selector_stop_grad", False), bool), "train.selector_stop_grad must be True or False")
     for key in ("steps", "batch_size", "grad_accum", "max_len", "num_anchors", "anchor_chunk"):
         need(is_int(t[key]) and t[key] >= 1, f"train.{key} must be an integer >= 1")
     need(t.max_len >= 2, "train.max_len must be >= 2")
@@ -179,6 +196,8 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
         ngram_min=d.get("ngram_min", 1),
         copy_bias=None if d.get("copy_bias") is None else float(d.copy_bias),
     )
+    if d.get("conv_kernel_size", 0):  # DFlash 2
+        kw.update({k: d[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")})
     cfg = DrafterConfig.for_target(
         target, num_layers=d.num_layers, block_size=d.block_size, mask_token_id=mask, dtype=c.train.compute_dtype, **kw
     )
@@ -192,6 +211,7 @@ def drafter_config(c, target: TargetConfig, tokenizer) -> DrafterConfig:
 
 
 SPEED_ONLY_TRAIN_FIELDS = ("remat", "stored_features")  # speed against memory or disk: the same run either way
+DFLASH2_TRAIN_FIELDS = ("selector_alpha", "selector_stop_grad")  # no effect on a DFlash drafter
 
 
 def run_identity(
@@ -207,8 +227,9 @@ def run_identity(
     """What a training run is: target, data, drafter, training settings, seed, held-out split, and
     ``init_from``. A checkpoint whose identity differs is another run (``Trainer`` refuses to resume it).
 
-    Fields added after runs existed (``NEWER_TRAIN_FIELDS``) are left out at their defaults, and
-    speed-only fields always, so older runs keep their identity.
+    Fields added after runs existed (``NEWER_TRAIN_FIELDS``) are left out at their defaults,
+    speed-only fields always and DFlash 2's training fields for a DFlash drafter, so older runs keep
+    their identity.
     """
     t = c.train
     identity = {
@@ -224,7 +245,7 @@ def run_identity(
     for key in NEWER_TRAIN_FIELDS:
         if not identity["train"].get(key):
             identity["train"].pop(key, None)
-    for key in SPEED_ONLY_TRAIN_FIELDS:
+    for key in SPEED_ONLY_TRAIN_FIELDS + (() if dcfg.dflash2 else DFLASH2_TRAIN_FIELDS):
         identity["train"].pop(key, None)
     if bucket_lengths:  # what shapes the batches, spelled one way
         identity["train"]["length_buckets"] = list(bucket_lengths)

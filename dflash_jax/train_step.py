@@ -59,8 +59,14 @@ def train_step(
     anchor_chunk,
     loss_offsets=0,
     remat=True,
+    selector_alpha=1.0,
+    selector_stop_grad=False,
 ):
     """One optimiser update over ``accum`` micro-batches.
+
+    The loss is the block loss, plus for a DFlash 2 drafter ``selector_alpha`` times its selector
+    loss (``loss.selector_loss``; with ``selector_stop_grad`` it trains the selector alone), both
+    normalised by the global weight sum.
 
     Args:
       batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``, and
@@ -97,21 +103,20 @@ def train_step(
                 loss_offsets=loss_offsets,
                 remat=remat,
                 feats=feats,
+                selector_stop_grad=selector_stop_grad,
             )
-            return s.loss / total_weight, s
+            return (s.loss + selector_alpha * s.selector_loss) / total_weight, s
 
         (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
         return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, stats, s)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    stats0 = loss_lib.BlockStats(
-        *(jnp.zeros(s, jnp.float32) for s in ((), (), (dcfg.block_size,), (dcfg.block_size,), (), ()))
-    )
+    stats0 = loss_lib.BlockStats.zeros(dcfg.block_size)
     xs = (batch["tokens"], batch["loss_mask"], anchors, batch.get("features"))
     (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), xs)
     updates, opt_state = opt.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, summarise(stats) | {"grad_norm": optax.tree.norm(grads)}
+    return params, opt_state, summarise(stats, dcfg.dflash2) | {"grad_norm": optax.tree.norm(grads)}
 
 
 def sharded_step(
@@ -128,6 +133,8 @@ def sharded_step(
     loss_offsets=0,
     remat=True,
     stored_features=False,
+    selector_alpha=1.0,
+    selector_stop_grad=False,
 ):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
@@ -160,6 +167,8 @@ def sharded_step(
         anchor_chunk=anchor_chunk,
         loss_offsets=loss_offsets,
         remat=remat,
+        selector_alpha=selector_alpha,
+        selector_stop_grad=selector_stop_grad,
     )
     jitted = jax.jit(
         step,
@@ -176,15 +185,25 @@ def sharded_step(
     return run, param_sh, batch_sh, opt_sh
 
 
-def summarise(s: loss_lib.BlockStats) -> dict:
-    """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``."""
+def summarise(s: loss_lib.BlockStats, dflash2: bool = False) -> dict:
+    """Loss, per-offset accuracy and two acceptance-length estimates from summed ``BlockStats``;
+    with ``dflash2`` also the selector's loss (same normalisation as ``loss``), its teacher-forced
+    accuracy and the head's top-k coverage of the gold token (fractions of counted labels)."""
     acc = s.correct / jnp.maximum(s.count, 1.0)
-    return {
+    out = {
         "loss": s.loss / jnp.maximum(s.weight, 1e-6),
         "acc": acc,
         "tau_est": loss_lib.tau_estimate(s.count, s.correct),
         "tau_blocks": 1.0 + s.prefix / jnp.maximum(s.blocks, 1.0),
     }
+    if dflash2:
+        labels = jnp.maximum(s.count.sum(), 1.0)
+        out |= {
+            "selector_loss": s.selector_loss / jnp.maximum(s.weight, 1e-6),
+            "selector_acc": s.selector_correct / labels,
+            "topk_coverage": s.covered / labels,
+        }
+    return out
 
 
 def eval_stats(

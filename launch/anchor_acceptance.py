@@ -57,6 +57,7 @@ def _compiled(tcfg, dcfg):
     import jax.numpy as jnp
 
     from dflash_jax import loss
+    from dflash_jax.drafter import select
 
     @jax.jit
     def context(target_params, dparams, toks):
@@ -66,7 +67,11 @@ def _compiled(tcfg, dcfg):
     @jax.jit
     def guesses(dparams, target_params, ctx, toks, pos, valid):
         anchors = loss.Anchors(pos, valid)
-        logits = loss.block_logits(dparams, target_params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg)
+        logits, hidden = loss.block_logits(
+            dparams, target_params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg, with_hidden=True
+        )
+        if dcfg.dflash2:  # the selector's greedy walk from each anchor, as DraftStep.draft
+            return select(dparams, dcfg, hidden[0], logits[0], toks[0, pos[0]], 0.0)[0]
         return jnp.argmax(logits[0], -1)  # [chunk, B - 1]
 
     return context, guesses

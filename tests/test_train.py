@@ -1,5 +1,6 @@
 """The drafter trainer: masks, train/inference consistency, real learning, exact resume, bad input."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -1045,3 +1046,176 @@ def test_the_copy_bias_table_has_its_own_learning_rate():
     assert float(updates["copy_bias"].max()) < 0 < float(updates["fc"].min())  # each against its gradient
     with pytest.raises(ConfigError, match="train.copy_bias_lr is the copy-bias table's learning rate"):
         load_config(CONFIG, ["train.copy_bias_lr=0.1"])
+
+
+# --- DFlash 2 training (issue 21) -------------------------------------------------------------
+
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=6, selector_top_k=4)
+
+
+def dflash2_problem(ck, seed: int, top_k: int = 40):
+    """``small_block_problem`` with a DFlash 2 drafter whose convolutions are away from the identity
+    and whose selector is random at unit scale (top 40 of 96 tokens: the random gold token is
+    missing about half the time)."""
+    dcfg, _, tokens, mask, anchors = small_block_problem(ck, seed)
+    dcfg = dataclasses.replace(dcfg, **dict(DFLASH2, selector_top_k=top_k))
+    rs = np.random.RandomState(seed)
+
+    def perturb(path, x):
+        name = jax.tree_util.keystr(path)
+        if "base_kernel" in name or "kernel_projection" in name:
+            return x + 0.2 * rs.randn(*x.shape).astype(np.float32)
+        if "codebook" in name or "hidden_projection" in name:
+            return jnp.asarray(rs.randn(*x.shape), jnp.float32)
+        return x
+
+    params = jax.tree_util.tree_map_with_path(perturb, init_drafter_params(dcfg, seed=seed))
+    return dcfg, params, tokens, mask, anchors
+
+
+def test_dflash2_selector_loss_equals_its_definition(tiny):
+    """The selector sums of ``block_loss`` equal SPEC "DFlash 2" (training) written out label by
+    label in numpy: the k-way cross-entropy of ``unary(b) + <A(gold previous) * H(h), B(b)>`` over
+    the head's top k, the gold token added when missing, weighted by w_k; selector accuracy and
+    top-k coverage counted over the same labels. The block loss is the DFlash one, unchanged."""
+    ck, _ = tiny
+    dcfg, p, tokens, mask, anchors = dflash2_problem(ck, seed=7)
+    s = loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    _, feats, _ = Target(ck.cfg).apply(
+        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
+    )
+    ctx = loss.context_kv(p, feats, dcfg)
+    logits, hidden = loss.block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
+    logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
+    labels, use = map(np.asarray, loss.block_labels(tokens, mask, anchors, 8))
+    w = np.asarray(loss.offset_weights(8, 4.0))
+    A, B = np.asarray(p["predecessor_codebook"], np.float64), np.asarray(p["successor_codebook"], np.float64)
+    H = np.asarray(p["hidden_projection"], np.float64)
+    total, picked, covered, missing = 0.0, 0, 0, 0
+    for b, a, j in zip(*np.nonzero(use)):
+        row, gold, prev = logits[b, a, j - 1], labels[b, a, j], labels[b, a, j - 1]
+        top = list(np.argsort(-row, kind="stable")[:40])
+        cands = top if gold in top else top + [gold]
+        missing += gold not in top
+        scores = np.array([row[c] + np.dot(A[prev] * (hidden[b, a, j - 1] @ H), B[c]) for c in cands])
+        total += w[j] * (np.log(np.exp(scores - scores.max()).sum()) + scores.max() - scores[cands.index(gold)])
+        covered += gold in top
+        picked += gold in top and top[int(np.argmax(scores[:40]))] == gold
+    assert 0 < missing < use.sum() and picked > 0  # both kinds of label, and some right picks
+    np.testing.assert_allclose(float(s.selector_loss), total, rtol=1e-5)
+    assert float(s.covered) == covered and float(s.selector_correct) == picked
+    d1 = loss.block_loss(
+        p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dataclasses.replace(dcfg, conv_kernel_size=0),
+        gamma=4.0, anchor_chunk=4,
+    )  # fmt: skip
+    assert float(d1.selector_loss) == 0.0 and float(d1.covered) == 0.0
+
+
+def test_dflash2_training_forward_equals_the_draft_step(tiny):
+    """With convolutions away from the identity, the training forward's logits equal the draft
+    step's (the convolutions see the same block positions in both)."""
+    ck, folder = tiny
+    dcfg, params, *_ = dflash2_problem(ck, seed=9)
+    tokens, _ = data.TokenDataset(folder)[0]
+    assert _consistency(ck, params, dcfg, tokens.tolist(), [3, 9, 10, 30]) < TINY_REL
+
+
+def test_dflash2_objective_and_its_stop_gradient(tiny):
+    """``train_step``'s update is the gradient of (block loss + alpha * selector loss) / weight; with
+    ``selector_stop_grad`` the backbone gets the block loss's gradient alone and the selector the
+    selector loss's (plain SGD, so the update is the gradient)."""
+    import optax
+
+    from dflash_jax.train_step import train_step
+
+    ck, _ = tiny
+    dcfg, p, tokens, mask, _ = dflash2_problem(ck, seed=8)
+    batch = {"tokens": tokens[None], "loss_mask": mask[None]}
+    rng = jax.random.PRNGKey(4)
+    anchors = loss.sample_anchors(jax.random.split(rng, 1)[0], mask, 8)  # the step's own draw
+    kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+
+    def grads(stop_grad, alpha_block, alpha_selector):
+        def f(q):
+            s = loss.block_loss(q, ck.params, tokens, mask, anchors, selector_stop_grad=stop_grad, **kw)
+            return (alpha_block * s.loss + alpha_selector * s.selector_loss) / s.weight
+
+        return jax.grad(f)(p)
+
+    def update(stop_grad):
+        new, _, m = train_step(
+            p, optax.sgd(1.0).init(p), ck.params, batch, rng, tcfg=ck.cfg, dcfg=dcfg, opt=optax.sgd(1.0),
+            num_anchors=8, gamma=4.0, anchor_chunk=4, selector_alpha=0.5, selector_stop_grad=stop_grad,
+        )  # fmt: skip
+        assert float(m["selector_acc"]) <= float(m["topk_coverage"]) and 0 < float(m["topk_coverage"]) < 1
+        assert float(m["selector_loss"]) > 0
+        return jax.tree.map(lambda a, b: a - b, p, new)
+
+    selector = ("predecessor_codebook", "successor_codebook", "hidden_projection")
+    for stop_grad in (False, True):
+        got = update(stop_grad)
+        want = grads(stop_grad, 1.0, 0.5)
+        for g, u in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+            assert_close(np.asarray(u), np.asarray(g), 1e-4)
+    block_only, selector_only = grads(False, 1.0, 0.0), grads(True, 0.0, 0.5)
+    stopped, joint = grads(True, 1.0, 0.5), grads(False, 1.0, 0.5)
+    for k in p:
+        if k in selector:
+            assert_close(np.asarray(stopped[k]), np.asarray(selector_only[k]), 1e-5)
+            assert float(jnp.abs(stopped[k]).max()) > 0
+        else:
+            for a, b in zip(jax.tree.leaves(stopped[k]), jax.tree.leaves(block_only[k])):
+                assert_close(np.asarray(a), np.asarray(b), 1e-5)
+    fc = np.asarray(joint["fc"] - block_only["fc"])
+    assert np.abs(fc).max() > 1e-3 * np.abs(np.asarray(block_only["fc"])).max()  # without the stop, it reaches fc
+
+
+def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(trained, tiny, tmp_path):
+    """A DFlash 2 run continues a trained DFlash drafter (``init_from``: its backbone; convolutions
+    from the identity, a fresh selector): at step 0 its block loss is the DFlash drafter's; training
+    lowers the selector loss; it logs the selector metrics and resumes; launch/study_tau.py's rounds
+    (the selector's walk) are the decoder's; its exported folder loads in the reference's
+    DFlash2DraftModel."""
+    import torch
+    from dflash.model import DFlash2DraftModel
+
+    ck, folder = tiny
+    trainer = trained[3]
+    src = trainer.export("for_dflash2")
+    d2 = [f"drafter.{k}={v}" for k, v in DFLASH2.items()]
+    common = [f"init_from={src}", "train.steps=60", "eval.every=30", "ckpt.every=30", "train.lr=3e-3", *d2]
+    run = Trainer(tiny_config(ck, folder, tmp_path / "d2", *common), log=lambda *_: None)
+    assert run.dcfg.dflash2 and run.dcfg.selector_top_k == 4
+    first = run.validate()
+    base = Trainer(
+        tiny_config(ck, folder, tmp_path / "d1", f"init_from={src}", "train.steps=60"), log=lambda *_: None
+    ).validate()
+    np.testing.assert_allclose(first["val_loss"], base["val_loss"], rtol=1e-5)  # identity convolutions
+    run.run(stop_after=30)
+    again = Trainer(tiny_config(ck, folder, tmp_path / "d2", *common), log=lambda *_: None)
+    assert again.step == 30  # resumed
+    last = again.run()
+    rows = [json.loads(line) for line in open(tmp_path / "d2" / "metrics.jsonl")]
+    assert {"selector_loss", "selector_acc", "topk_coverage"} <= rows[0].keys()
+    assert last["val_selector_loss"] < 0.97 * float(first["val_selector_loss"])
+    assert 0 < last["val_selector_acc"] <= last["val_topk_coverage"] <= 1
+    sys.path.insert(0, str(ROOT / "launch"))
+    from study_tau import drafter_rounds
+
+    dec = Decoder(ck.params, ck.cfg, drafter=(again.params, again.dcfg))
+    for j in again.val_idx[:2]:  # launch/study_tau.py walks the selector as the decoder does
+        full = np.asarray(data.TokenDataset(folder)[int(j)][0]).tolist()
+        first = int(np.argmax(np.asarray(data.TokenDataset(folder)[int(j)][1])))
+        got = dec.generate([full[:first]], len(full) - first)[0]
+        assert got.token_ids[: len(full) - first] == full[first:]
+        assert drafter_rounds(ck, again.params, again.dcfg, full, first) == got.acceptance_lengths
+    from dflash_jax.drafter_io import export_released
+
+    export_released(again.params, again.dcfg, tmp_path / "rel")
+    config = json.loads((tmp_path / "rel" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"]
+    DFlash2DraftModel.from_pretrained(tmp_path / "rel", dtype=torch.float32)
+    with pytest.raises(ConfigError, match="selector_rank is DFlash 2's"):
+        tiny_config(ck, folder, tmp_path / "e", "drafter.selector_rank=4")
+    with pytest.raises(ConfigError, match="needs drafter.selector_rank >= 1"):
+        tiny_config(ck, folder, tmp_path / "e", "drafter.conv_kernel_size=2")
