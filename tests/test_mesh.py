@@ -1,5 +1,7 @@
 """Sharding changes nothing but speed: the training step on meshes of 8 simulated CPU devices."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -25,9 +27,15 @@ def setup(tiny_models):
     return path, ck, dcfg, batch
 
 
-@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 2, 4)])
-def test_sharded_training_step_equals_single_device(setup, shape):
+@pytest.mark.parametrize(
+    "shape, dflash2", [((8, 1, 1), False), ((2, 2, 2), False), ((1, 2, 4), False), ((2, 2, 2), True)]
+)
+def test_sharded_training_step_equals_single_device(setup, shape, dflash2):
+    """The same update on a mesh as on one device; a DFlash 2 drafter's (convolutions, selector and its
+    loss) too."""
     path, ck, dcfg, batch = setup
+    if dflash2:
+        dcfg = dataclasses.replace(dcfg, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=8)
     opt = optax.sgd(1.0)  # the update is minus the gradient: compare gradients, not Adam's sign-like steps
     kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=8, gamma=4.0, anchor_chunk=4)
     params = jax.tree.map(np.asarray, init_drafter_params(dcfg, seed=0))  # host copies: the step donates
@@ -43,6 +51,9 @@ def test_sharded_training_step_equals_single_device(setup, shape):
     assert len(jax.tree.leaves(got_p)[0].sharding.device_set) == 8
     np.testing.assert_allclose(float(got_m["loss"]), float(want_m["loss"]), rtol=1e-5)
     np.testing.assert_allclose(float(got_m["grad_norm"]), float(want_m["grad_norm"]), rtol=1e-4)
+    if dflash2:
+        assert float(want_m["selector_loss"]) > 0
+        np.testing.assert_allclose(float(got_m["selector_loss"]), float(want_m["selector_loss"]), rtol=1e-5)
     # gradients agree to 1e-4 of their largest entry (float32; the sums run in another order per mesh)
     for p0, a, b in zip(jax.tree.leaves(params), jax.tree.leaves(got_p), jax.tree.leaves(want_p)):
         ga, gb = np.asarray(p0) - np.asarray(a), np.asarray(p0) - np.asarray(b)
