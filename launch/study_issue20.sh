@@ -20,17 +20,7 @@ STEPS=${STEPS:-280}
 OUT=runs/study
 mkdir -p "$OUT"
 
-arm() {  # arm NAME CONFIG STEPS [key=value ...]
-  local name=$1 cfg=$2 steps=$3
-  shift 3
-  .venv/bin/dflash-jax train --config "$cfg" "out_dir=$OUT/$name" "train.steps=$steps" "eval.every=$steps" \
-    ckpt.every=40 "$@"
-}
-
-median_step_s() {  # the median step time of a run's metrics.jsonl
-  .venv/bin/python -c "import json, statistics, sys; rows = [json.loads(l) for l in open(sys.argv[1])]; \
-print(statistics.median(r['step_s'] for r in rows if 'step_s' in r and r['step'] > 1))" "$1/metrics.jsonl"
-}
+source launch/study_common.sh  # arm, median_step_s, equal_steps
 
 COPY=configs/smollm2_135m_mix_copy_lr.py
 arm mask configs/smollm2_135m_mix.py "$STEPS"
@@ -39,8 +29,7 @@ arm copy_min2 "$COPY" "$STEPS" drafter.ngram_min=2
 arm copy_lr2 "$COPY" "$STEPS" train.lr=1.4e-3
 # equal wall-clock: copy_all's steps from its step time against copy's (a 6-step probe run)
 arm probe_all "$COPY" 6 train.loss_offsets=0 eval.decode_prompts=0
-ALL_STEPS=$(.venv/bin/python -c "import sys; print(int(float(sys.argv[1]) * float(sys.argv[2]) / float(sys.argv[3])))" \
-  "$STEPS" "$(median_step_s $OUT/copy)" "$(median_step_s $OUT/probe_all)")
+ALL_STEPS=$(equal_steps "$STEPS" $OUT/copy $OUT/probe_all)
 echo "copy_all: $ALL_STEPS steps (equal wall-clock with $STEPS of copy)"
 arm copy_all "$COPY" "$ALL_STEPS" train.loss_offsets=0
 
