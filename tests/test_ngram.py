@@ -487,3 +487,46 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
         for p, seq, g in zip(prompts, free, got):
             assert g.acceptance_lengths == expected_rounds(seq, len(p), bs, n_new, 4, 1, pad=mask)
     assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 10  # drafts were accepted
+
+
+def test_a_mask_drafter_read_as_a_copy_drafter_drafts_prompt_lookup_then_itself(target):
+    """launch/copy_drafter.py: a mask-token drafter read with the n-gram block input (n >= 2) and a
+    copy bias larger than its logits drafts, at every anchor with a match, prompt lookup's
+    continuation (then its own tokens), and elsewhere exactly the mask-token drafter's block."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    from anchor_acceptance import _compiled
+    from copy_drafter import as_copy_drafter
+
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.errors import ConfigError
+
+    tgt, _ = target
+    bs, n = 8, 96
+    dcfg = DrafterConfig.for_target(tgt.cfg, num_layers=1, block_size=bs, mask_token_id=3)
+    dparams = init_drafter_params(dcfg, seed=4)
+    cparams, ccfg = as_copy_drafter(dparams, dcfg, copy_bias=1e3, ngram_min=2)
+    assert (ccfg.block_input, ccfg.ngram_min, cparams["copy_bias"].shape) == ("ngram", 2, (4, bs - 1))
+    with pytest.raises(ConfigError, match="mask-token"):
+        as_copy_drafter(cparams, ccfg, copy_bias=1.0)
+    tokens = np.random.default_rng(5).integers(4, 10, n).astype(np.int32)  # 6 token kinds: suffixes recur
+    toks = jnp.asarray(np.pad(tokens, (0, bs))[None])
+    anchors = np.arange(4, n - bs, dtype=np.int32)
+    guesses = {}
+    for name, (p, c) in {"mask": (dparams, dcfg), "copy": (cparams, ccfg)}.items():
+        context, guess = _compiled(tgt.cfg, c)
+        ctx = context(tgt.params, p, toks)
+        valid = jnp.ones((1, len(anchors)), bool)
+        guesses[name] = np.asarray(guess(p, tgt.params, ctx, toks, jnp.asarray(anchors[None]), valid))
+    kinds = set()
+    for j, a in enumerate(anchors):
+        want, _, _ = ref_propose(tokens[: a + 1].tolist(), bs - 1, 4, 2)
+        if want:
+            assert guesses["copy"][j, : len(want)].tolist() == want
+            kinds.add("cut" if len(want) < bs - 1 else "full")
+        else:
+            np.testing.assert_array_equal(guesses["copy"][j], guesses["mask"][j])
+            kinds.add("none")
+    assert kinds == {"none", "cut", "full"}, kinds
