@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
-# Issue 20's fixed-budget study: five arms trained one after another at equal wall-clock on this
-# 2-core CPU (about 45 minutes each), all from the shipped drafter on the same first 5 mixed
-# shards (configs/smollm2_135m_mix.py: 640 answers, 32 held out), then each arm's greedy tau on
-# the recorded answers of the five benchmark sets at blocks 4, 8 and 16 (launch/study_tau.py)
-# beside prompt lookup's. Every step is resumable: rerun the script after an interruption and it
-# continues where it stopped (a finished run returns at once, done records are skipped).
+# Issue 20's fixed-budget study (second plan, 2026-12-02): arms trained one after another at equal
+# wall-clock on this 2-core CPU, all from the shipped drafter on the same first 5 mixed shards
+# (configs/smollm2_135m_mix.py: 640 answers, 32 held out), then each arm's greedy tau on the recorded
+# answers of the five benchmark sets at blocks 4, 8 and 16 (launch/study_tau.py, 20 answers a set)
+# beside prompt lookup's and the untrained copy reading's (launch/copy_drafter.py). The copy reading
+# beats prompt lookup everywhere without training (docs/BENCHMARKS.md, "A mask-token drafter reading
+# prompt lookup"), so the arms ask what training adds to it, against today's recipe:
 #
-#   mask        today's recipe: mask tokens after the anchor (stage 5's settings)
-#   copy        the n-gram continuation as the block input, plus a learned copy bias per matched
-#               length and offset (drafter.copy_bias 4.0, its own lr 0.03)
-#   copy_min2   copy, with continuations of matched suffixes of 2 or more tokens only
-#   copy_all    copy, supervising all 15 offsets instead of 1..8 (fewer steps: a step costs more)
-#   copy_lr2    copy at twice the learning rate (1.4e-3)
+#   copy2       configs/smollm2_135m_mix_copy2.py: the n-gram continuation (n >= 2) as the block
+#               input, copy bias starting at 30 on its own lr 0.03, all 15 offsets supervised;
+#               STEPS steps, the budget every other arm matches in wall-clock
+#   mask        today's recipe (mask tokens, offsets 1..8; its steps cost less, so it gets more)
+#   copy2_b12   copy2 with the copy bias starting at 12 (the table has less to unlearn)
+#   copy2_off8  copy2 supervising offsets 1..8 only (cheaper steps, more of them)
+#   copy2_lr2   copy2 at twice the learning rate (1.4e-3)
 #
-#   bash launch/study_issue20.sh            # STEPS=280 by default (~9.5 s a step here)
+# Every step is resumable: rerun the script after an interruption and it continues where it stopped
+# (a finished run returns at once, done tau records are skipped). Each finished arm's metrics are
+# copied to docs/bench/issue20/study/ so that they outlive the machine (runs/ is not kept in git).
+#
+#   bash launch/study_issue20.sh            # STEPS=200 by default (about 12 s a step here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-280}
+STEPS=${STEPS:-200}
 OUT=runs/study
-mkdir -p "$OUT"
+KEEP=docs/bench/issue20/study
+mkdir -p "$OUT" "$KEEP"
 
 source launch/study_common.sh  # arm, median_step_s, equal_steps
 
-COPY=configs/smollm2_135m_mix_copy_lr.py
-arm mask configs/smollm2_135m_mix.py "$STEPS"
-arm copy "$COPY" "$STEPS"
-arm copy_min2 "$COPY" "$STEPS" drafter.ngram_min=2
-arm copy_lr2 "$COPY" "$STEPS" train.lr=1.4e-3
-# equal wall-clock: copy_all's steps from its step time against copy's (a 6-step probe run)
-arm probe_all "$COPY" 6 train.loss_offsets=0 eval.decode_prompts=0
-ALL_STEPS=$(equal_steps "$STEPS" $OUT/copy $OUT/probe_all)
-echo "copy_all: $ALL_STEPS steps (equal wall-clock with $STEPS of copy)"
-arm copy_all "$COPY" "$ALL_STEPS" train.loss_offsets=0
+COPY2=configs/smollm2_135m_mix_copy2.py
+MASK=configs/smollm2_135m_mix.py
+kept_arm() {  # kept_arm NAME CONFIG STEPS [key=value ...]: arm, then its metrics into $KEEP
+  arm "$@"
+  cp "$OUT/$1/metrics.jsonl" "$KEEP/$1.metrics.jsonl"
+}
+kept_arm copy2 "$COPY2" "$STEPS"
+arm probe_mask "$MASK" 6 eval.decode_prompts=0
+kept_arm mask "$MASK" "$(equal_steps "$STEPS" $OUT/copy2 $OUT/probe_mask)"
+kept_arm copy2_b12 "$COPY2" "$STEPS" drafter.copy_bias=12.0
+arm probe_off8 "$COPY2" 6 train.loss_offsets=8 eval.decode_prompts=0
+kept_arm copy2_off8 "$COPY2" "$(equal_steps "$STEPS" $OUT/copy2 $OUT/probe_off8)" train.loss_offsets=8
+kept_arm copy2_lr2 "$COPY2" "$STEPS" train.lr=1.4e-3
 
-args=()
-for name in mask copy copy_min2 copy_lr2 copy_all; do args+=("$name=$OUT/$name/drafter"); done
+test -d runs/copy30_min2 || .venv/bin/python launch/copy_drafter.py assets/smollm2-135m-instruct-dflash \
+  runs/copy30_min2 --copy-bias 30 --ngram-min 2
+args=(copy30m2=runs/copy30_min2)
+for name in copy2 mask copy2_b12 copy2_off8 copy2_lr2; do args+=("$name=$OUT/$name/drafter"); done
 .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 --drafter "${args[@]}" \
   --out docs/bench/issue20/study_tau.jsonl | tee docs/bench/issue20/study_tau.md
