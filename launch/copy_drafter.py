@@ -10,8 +10,9 @@ it) and a copy-bias table (``drafter.copy_prior``) of one value is added. Per an
 
 - no earlier occurrence of the last ``ngram_min`` tokens: the block is ``[anchor, MASK ...]``,
   exactly what the mask-token drafter saw in training, and it drafts as before;
-- a match: with a bias larger than the drafter's logit margins (30 is, for the shipped SmolLM2
-  drafter) the draft keeps the continuation, as prompt lookup would, and the drafter's own
+- a match: with a bias larger than the drafter's logit margins (30 kept the shipped SmolLM2
+  drafter's copies: docs/BENCHMARKS.md, "A mask-token drafter reading prompt lookup") the draft
+  keeps the continuation, as prompt lookup would, and the drafter's own
   tokens follow where the continuation ends (prompt lookup proposes nothing there).
 
 So it drafts like ``ngram.HybridStep`` (prompt lookup on a match of ``min_match`` tokens, the
@@ -68,12 +69,11 @@ def main() -> None:
     try:
         params, cfg, identity = load_drafter(args.drafter)
         params, cfg = as_copy_drafter(params, cfg, args.copy_bias, args.ngram_min, args.ngram_max)
+        write = export_released if args.released else save_drafter
+        extra = {"dtype": "bfloat16"} if args.released else {}
+        write(params, cfg, args.out, target_identity=identity, overwrite=args.overwrite, **extra)
     except DFlashError as e:
-        sys.exit(f"{args.drafter}: {e}")
-    if args.released:
-        export_released(params, cfg, args.out, dtype="bfloat16", target_identity=identity, overwrite=args.overwrite)
-    else:
-        save_drafter(params, cfg, args.out, target_identity=identity, overwrite=args.overwrite)
+        sys.exit(f"copy_drafter: {e}")
     print(
         f"wrote {args.out}: {args.drafter} reading prompt lookup (n {args.ngram_max}..{args.ngram_min}), "
         f"copy bias {args.copy_bias}"
