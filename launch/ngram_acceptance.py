@@ -33,6 +33,12 @@ SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
 def propose(seq: list[int], k: int, nmax: int = 4, nmin: int = 1) -> tuple[list[int], int]:
     """The rule for committed tokens ``seq`` (anchor last): (draft, matched length n; 0: none)."""
+    draft, n, _ = _match(seq, k, nmax, nmin)
+    return draft, n
+
+
+def _match(seq: list[int], k: int, nmax: int, nmin: int) -> tuple[list[int], int, int]:
+    """``propose`` plus where the matched occurrence ends (-1: no match)."""
     s = len(seq) - 1
     for n in range(nmax, nmin - 1, -1):
         if n > len(seq):
@@ -40,23 +46,21 @@ def propose(seq: list[int], k: int, nmax: int = 4, nmin: int = 1) -> tuple[list[
         suffix = seq[s - n + 1 :]
         for end in range(s - 1, n - 2, -1):
             if seq[end - n + 1 : end + 1] == suffix:
-                return seq[end + 1 : end + 1 + k], n
-    return [], 0
+                return seq[end + 1 : end + 1 + k], n, end
+    return [], 0, -1
 
 
 RUN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # upper ends of the full-match-length bins
 
 
 def matched_run(seq: list[int], k: int, cap: int = 64) -> tuple[list[int], int]:
-    """``propose(seq, k)``'s draft and the bin (``RUN_BUCKETS``) of the full length, up to ``cap``,
+    """``propose(seq, k)``'s draft (n = 4 .. 1) and the bin (``RUN_BUCKETS``) of the full length, up to ``cap``,
     of the common suffix of the committed tokens and the occurrence that matched (0: no match). The
     rule matches at most 4 tokens; in a loop the occurrence agrees much further back."""
-    draft, n = propose(seq, k)
+    draft, n, end = _match(seq, k, 4, 1)
     if not n:
         return draft, 0
-    s = len(seq) - 1
-    end = next(e for e in range(s - 1, n - 2, -1) if seq[e - n + 1 : e + 1] == seq[s - n + 1 :])
-    run = 0
+    s, run = len(seq) - 1, 0
     while run < cap and end - run >= 0 and seq[end - run] == seq[s - run]:
         run += 1
     return draft, next(b for b in RUN_BUCKETS if run <= b)
