@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 21's equal-budget comparison of DFlash and DFlash 2 for SmolLM2 on this 2-core CPU: the
 # DFlash arm is issue 20's study arm "mask" (launch/study_issue20.sh: the shipped drafter continued
-# for 280 steps on the first 5 mixed shards); the DFlash 2 arm continues the same drafter as a DFlash
+# for 305 steps on the first 5 mixed shards); the DFlash 2 arm continues the same drafter as a DFlash
 # 2 drafter (configs/smollm2_135m_mix_dflash2.py) on the same data for the same wall-clock (its
 # steps from a 6-step probe of its step time against the mask arm's), then both are measured by
 # greedy tau on the recorded answers of the five benchmark sets at blocks 4, 8 and 16
@@ -10,7 +10,7 @@
 #   bash launch/study_issue21.sh        # after launch/study_issue20.sh's mask arm
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-280}
+STEPS=${STEPS:-305}
 OUT=runs/study
 CFG=configs/smollm2_135m_mix_dflash2.py
 
@@ -23,5 +23,9 @@ echo "dflash2: $D2_STEPS steps (equal wall-clock with $STEPS of mask)"
 arm dflash2 "$CFG" "$D2_STEPS"
 
 mkdir -p docs/bench/issue21
+# the mask arm's records that issue 20's study already has (study_tau keys them by the weights, so
+# they are this arm's): seeded once, then only what is missing is measured
+test -f docs/bench/issue21/study_tau.jsonl || grep '"arm": "mask"' docs/bench/issue20/study_tau.jsonl \
+  > docs/bench/issue21/study_tau.jsonl || true
 .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 --drafter "mask=$OUT/mask/drafter" \
   "dflash2=$OUT/dflash2/drafter" --out docs/bench/issue21/study_tau.jsonl | tee docs/bench/issue21/study_tau.md
