@@ -190,6 +190,38 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert len(records.read_text().splitlines()) == 6
 
 
+def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(bench_setup, tmp_path, monkeypatch):
+    """The 'default' row decodes as ``generate`` would with the same ``--drafter``: with ``auto`` on
+    a CPU that is prompt lookup alone (``speculation_for``), not the shipped drafter that the DFlash
+    rows measure; with a folder it is that drafter beside prompt lookup (``HybridStep``)."""
+    from dflash_jax import cli, hub
+    from dflash_jax.ngram import HybridStep, NgramStep
+
+    ck, root = bench_setup
+    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
+    monkeypatch.setattr(hub, "shipped_drafter", lambda identity: root / "drafter")  # 'auto' finds it
+    made = []
+
+    class Spy(cli.Decoder):
+        def __init__(self, *a, **kw):
+            made.append(kw.get("drafter"))
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(cli, "Decoder", Spy)
+    for spec, kind in (("auto", NgramStep), (str(root / "drafter"), HybridStep)):
+        made.clear()
+        out = tmp_path / spec.replace("/", "_") / "r.json"
+        cli.main(
+            ["bench", "--target", str(ck.path), "--drafter", spec, "--dataset", "gsm8k", "--max-samples", "1"]
+            + ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
+        )
+        default = made[-1]  # plain, the DFlash rows and prompt lookup's row are made before it
+        step = default[1] if isinstance(default, tuple) else default
+        assert type(step) is kind, (spec, step)
+        assert isinstance(made[1], tuple) and made[1][1].block_size == 8  # the DFlash row: the drafter itself
+        assert json.loads(out.read_text())["records"][0]["default"]["identical"]
+
+
 def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     """launch/show_rounds.py: round starts follow the prefill token, and its position table's
     figures are the hand-computed ones (by looping and loop-free answers)."""
