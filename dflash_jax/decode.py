@@ -255,6 +255,31 @@ def prefill(
     )
 
 
+def verify_block(
+    target_params, block: Array, start: Array, cache, length: int, *, cfg: TargetConfig, taps=(), sampling=GREEDY
+):
+    """A round's verify (SPEC "Inference loop", step 2): the target on the first ``length`` tokens
+    of ``block`` (int32 ``[B, bs]``, row ``b`` at positions ``start[b] ..``) on top of its cache.
+
+    Outputs are padded back to the block, so that verifies of every length have one shape (the
+    loop's ``lax.switch`` over verify lengths): greedy, the posterior int32 ``[B, bs]`` (-1 past
+    ``length``); sampling, ``p`` float32 ``[B, bs, V]`` (0 past it); the concatenated features of
+    layers ``taps`` ``[B, bs, len(taps) * d]`` (0 past ``length``; None without taps); the cache
+    (linear-attention layers pending, padded to ``bs``: ``target.pad_pending``)."""
+    bs = block.shape[1]
+    model, pad = Target(cfg), bs - length
+    positions = start[:, None] + jnp.arange(length, dtype=jnp.int32)
+    hidden, feats, cache = model.apply({"params": target_params}, block[:, :length], positions, cache, taps)
+    logits = model.apply({"params": target_params}, hidden, method="logits")
+    if sampling.greedy:
+        out = jnp.pad(jnp.argmax(logits, -1).astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
+    else:
+        out = jnp.pad(probs(logits, sampling), ((0, 0), (0, pad), (0, 0)))
+    if feats is not None and pad:
+        feats = jnp.pad(feats, ((0, 0), (0, pad), (0, 0)))
+    return out, feats, pad_pending(cache, bs)
+
+
 def decode_loop(
     target_params,
     drafter_params,
@@ -275,25 +300,12 @@ def decode_loop(
     committed ``new[b, :produced[b]]`` this round.
     """
     bs = shape.block_size
-    model = Target(cfg)
     offsets = jnp.arange(bs, dtype=jnp.int32)
     lengths = shape.verify_lengths or (bs,)
     taps = drafter.tap_layers if drafter is not None else ()
 
     def verify(length: int, block: Array, start: Array, cache):
-        """The target on the first ``length`` block tokens; outputs padded back to the block
-        (greedy: posterior ``[B, bs]``, -1 past ``length``; sampling: ``p [B, bs, V]``, 0 past it)."""
-        pad = bs - length
-        positions = start[:, None] + offsets[:length]
-        hidden, feats, cache = model.apply({"params": target_params}, block[:, :length], positions, cache, taps)
-        logits = model.apply({"params": target_params}, hidden, method="logits")
-        if sampling.greedy:
-            out = jnp.pad(jnp.argmax(logits, -1).astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
-        else:
-            out = jnp.pad(probs(logits, sampling), ((0, 0), (0, pad), (0, 0)))
-        if feats is not None and pad:
-            feats = jnp.pad(feats, ((0, 0), (0, pad), (0, 0)))
-        return out, feats, pad_pending(cache, bs)
+        return verify_block(target_params, block, start, cache, length, cfg=cfg, taps=taps, sampling=sampling)
 
     def round_(s: LoopState) -> LoopState:
         active = ~s.done
@@ -520,30 +532,34 @@ class Decoder:
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
-        each of ``verify_lengths``, median of ``repeats`` after a warm-up, in units of the shortest;
-        measured once per shape and kept (and never part of what is compiled: ``costs_for``)."""
+        each of ``verify_lengths``, in units of the shortest; measured once per shape and kept (and
+        never part of what is compiled: ``costs_for``).
+
+        Timed as the loop runs it: one compiled ``lax.switch`` over the lengths (``verify_block``,
+        outputs padded to the block), then the commit; the lengths take turns, ``repeats`` passes
+        after a warm-up one, and each gets its median, so a slow spell of the machine (timing
+        noise is 10-20% on the 2-core CPUs here) falls on every length alike."""
         key = (batch, cache_len)
         if key in self._measured:
             return self._measured[key]
-        model, taps = Target(self.cfg), self.drafter.tap_layers if self.drafter is not None else ()
+        taps = self.drafter.tap_layers if self.drafter is not None else ()
+        kw = dict(cfg=self.cfg, taps=taps, sampling=self.sampling)
 
-        def verify(params, cache, tokens):  # as a round runs it: forward, LM head, the hybrid's commit
-            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-            hidden, feats, cache = model.apply({"params": params}, tokens, positions, cache, taps)
-            cache = commit_cache(pad_pending(cache, self.block_size), jnp.full(tokens.shape[:1], tokens.shape[1]))
-            return jnp.argmax(model.apply({"params": params}, hidden, method="logits"), -1), feats, cache
+        def verify(params, cache, block, index):  # as a round runs it: one lax.switch over the lengths, the commit
+            start = jnp.zeros(block.shape[:1], jnp.int32)
+            branches = [partial(verify_block, params, length=n, **kw) for n in self.verify_lengths]
+            out, feats, cache = jax.lax.switch(index, branches, block, start, cache)
+            return out, feats, commit_cache(cache, jnp.ones_like(start))
 
-        cache, times = init_cache(self.cfg, batch, cache_len), []
-        for length in self.verify_lengths:
-            tokens = jnp.zeros((batch, length), jnp.int32)
-            fn = jax.jit(verify).lower(self.params, cache, tokens).compile()
-            jax.block_until_ready(fn(self.params, cache, tokens))
-            runs = []
-            for _ in range(repeats):
+        cache, block = init_cache(self.cfg, batch, cache_len), jnp.zeros((batch, self.block_size), jnp.int32)
+        fn = jax.jit(verify).lower(self.params, cache, block, jnp.int32(0)).compile()
+        runs = np.zeros((repeats + 1, len(self.verify_lengths)))
+        for r in range(repeats + 1):  # round-robin over the lengths: a slow spell hits them all alike
+            for index in range(len(self.verify_lengths)):
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(self.params, cache, tokens))
-                runs.append(time.perf_counter() - t0)
-            times.append(float(np.median(runs)))
+                jax.block_until_ready(fn(self.params, cache, block, jnp.int32(index)))
+                runs[r, index] = time.perf_counter() - t0
+        times = np.median(runs[1:], axis=0).tolist()  # the first pass warms up
         costs = [round(t / times[0], 2) for t in times]
         for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
             costs[i] = max(costs[i], costs[i - 1])
