@@ -66,6 +66,15 @@ def matched_run(seq: list[int], k: int, cap: int = 64) -> tuple[list[int], int]:
     return draft, next(b for b in RUN_BUCKETS if run <= b)
 
 
+def accepted(draft: list[int], full: list[int], pos: int) -> int:
+    """How many leading tokens of ``draft`` the answer ``full`` confirms after position ``pos``: at
+    most up to ``full``'s last token but one (the round then ends with the target's own token)."""
+    a = 0
+    while a < min(len(draft), len(full) - 2 - pos) and draft[a] == full[pos + 1 + a]:
+        a += 1
+    return a
+
+
 def walk(full: list[int], start: int, choose, block: int, key=propose) -> tuple[int, float, dict]:
     """Decode ``full[start + 1:]`` round by round: (tokens, cost, per-key [tried, right] by offset);
     ``key(seq, k)`` gives the draft and what the statistics and ``choose`` are keyed by (the matched
@@ -94,6 +103,8 @@ def main() -> None:
     ap.add_argument("--costs", default="1:1,2:1.57,4:2.3,8:2.55,16:3.78", help="verify length:cost in plain steps")
     args = ap.parse_args()
     costs = {int(a): float(b) for a, b in (x.split(":") for x in args.costs.split(","))}
+    if args.block not in costs:
+        sys.exit(f"--costs {args.costs}: give the cost of the whole block too ({args.block}:...), or pass --block")
     from transformers import AutoTokenizer
 
     folder = checkpoint.resolve_target("smollm2-135m-instruct")
@@ -146,10 +157,7 @@ def main() -> None:
     def oracle(full, start):
         tokens, cost = 0, 0.0
         while start < len(full) - 1:
-            draft, _ = propose(full[: start + 1], args.block - 1)
-            a = 0
-            while a < min(len(draft), len(full) - 2 - start) and draft[a] == full[start + 1 + a]:
-                a += 1
+            a = accepted(propose(full[: start + 1], args.block - 1)[0], full, start)
             length = max(costs, key=lambda L: (min(a, L - 1) + 1) / costs[L])
             tokens, cost, start = tokens + min(a, length - 1) + 1, cost + costs[length], start + min(a, length - 1) + 1
         return tokens, cost

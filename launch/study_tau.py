@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from anchor_acceptance import acceptance_at_anchors, simulated_rounds  # noqa: E402
-from ngram_acceptance import SETS, propose  # noqa: E402
+from ngram_acceptance import SETS, accepted, propose  # noqa: E402
 
 
 def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int) -> list[int]:
@@ -62,10 +62,7 @@ def ngram_rounds(full: list[int], start: int, block: int) -> list[int]:
     """The same for prompt lookup (n = 4 .. 1, at most ``block - 1`` tokens; ``ngram_acceptance.propose``)."""
     rounds, pos = [], start
     while pos < len(full) - 1:
-        draft, _ = propose(full[: pos + 1], block - 1)
-        a = 0
-        while a < min(len(draft), len(full) - 2 - pos) and draft[a] == full[pos + 1 + a]:
-            a += 1
+        a = accepted(propose(full[: pos + 1], block - 1)[0], full, pos)
         rounds.append(a + 1)
         pos += a + 1
     return rounds
