@@ -63,7 +63,7 @@ def main() -> None:
         run(f"prompt lookup, block {n}", Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=n)), plain)
     auto = Decoder(ck.params, ck.cfg, drafter=step, verify_lengths="auto")
     run("default (prompt lookup, verify lengths auto)", auto, plain)
-    costs = auto.costs_for(auto.shape_for([len(ids[0])], args.max_new_tokens)).tolist()  # kept from its run
+    costs = [round(float(c), 2) for c in auto.costs_for(auto.shape_for([len(ids[0])], args.max_new_tokens))]
     print(f"verify lengths {list(auto.verify_lengths)}: costs the default measured {costs}")
 
 
