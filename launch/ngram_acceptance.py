@@ -159,7 +159,8 @@ def main() -> None:
         while start < len(full) - 1:
             a = accepted(propose(full[: start + 1], args.block - 1)[0], full, start)
             length = max(costs, key=lambda L: (min(a, L - 1) + 1) / costs[L])
-            tokens, cost, start = tokens + min(a, length - 1) + 1, cost + costs[length], start + min(a, length - 1) + 1
+            got = min(a, length - 1) + 1  # the accepted tokens it verified, and the target's own
+            tokens, cost, start = tokens + got, cost + costs[length], start + got
         return tokens, cost
 
     print(f"tokens per plain-step cost (costs {costs}):")

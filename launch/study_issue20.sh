@@ -41,7 +41,7 @@ kept_arm mask "$MASK" "$(equal_steps "$STEPS" $OUT/copy2 $OUT/probe_mask)"
 kept_arm copy2_b12 "$COPY2" "$STEPS" drafter.copy_bias=12.0
 # probe against probe (6 steps each, nothing else running): a whole run's median holds whatever ran
 # beside it (the mask arm's 305 steps came from copy2's median of 6.38 s against its probe's 4.18 s;
-# copy2's quiet steps took 5.9-6.0 s, so mask had about 7% more than equal wall-clock)
+# copy2's 10th-30th percentile steps took 5.87-6.15 s, so mask had about 5-8% more than equal wall-clock)
 arm probe_copy2 "$COPY2" 6 eval.decode_prompts=0
 arm probe_off8 "$COPY2" 6 train.loss_offsets=8 eval.decode_prompts=0
 kept_arm copy2_off8 "$COPY2" "$(equal_steps "$STEPS" $OUT/probe_copy2 $OUT/probe_off8)" train.loss_offsets=8
