@@ -321,8 +321,10 @@ def decode_loop(
             if sampling.greedy:
                 draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
             elif _samples_itself(drafter):  # DFlash 2: its selector draws the draft and gives q
-                draft, q = drafter.sample(*args, key=k_draft, temperature=sampling.temperature, tokens=s.tokens)
-                num_draft, conf = None, jnp.max(q, axis=-1)
+                draft, q, *counted = drafter.sample(
+                    *args, key=k_draft, temperature=sampling.temperature, tokens=s.tokens
+                )
+                num_draft, conf = counted or (None, jnp.max(q, axis=-1))  # (a HybridStep counts its n-gram rows)
             else:
                 draft_logits, num_draft, conf = _with_count(drafter.logits(*args, tokens=s.tokens))
                 q = probs(draft_logits, sampling)

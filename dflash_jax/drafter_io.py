@@ -213,9 +213,9 @@ def speculation_for(
     ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
     A DFlash drafter (``random`` or a folder; see ``drafter_for``) with ``prompt_lookup`` ->
     ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before, the
-    drafter elsewhere; without -> the drafter alone (as also a drafter that reads the prompt-lookup
-    continuation itself, ``block_input="ngram"``, and a DFlash 2 drafter, whose draft comes from its
-    selector's walk, which the hybrid's choice does not read). ``auto`` with ``prompt_lookup`` is the fastest
+    drafter elsewhere (a DFlash 2 drafter's rows through its selector's walk); without -> the
+    drafter alone (as also a drafter that reads the prompt-lookup continuation itself,
+    ``block_input="ngram"``). ``auto`` with ``prompt_lookup`` is the fastest
     setup measured for the hardware: on an accelerator the shipped drafter with prompt lookup, on a
     CPU (or with no drafter shipped) prompt lookup alone, since there a DFlash round (a drafter
     forward of 0.5-0.7 plain steps, then a compute-bound verify) costs more than the shipped
@@ -232,7 +232,7 @@ def speculation_for(
     if drafter is None or not prompt_lookup:
         return drafter
     params, cfg = drafter
-    if cfg.block_input == "ngram" or cfg.dflash2:  # it reads prompt lookup itself / drafts through its selector
+    if cfg.block_input == "ngram":  # it reads the prompt-lookup continuation itself
         return params, DraftStep(cfg, ck.cfg, confidence=True)
     ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=_ngram_confidence(ngram_max))
     return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max))

@@ -193,10 +193,16 @@ class HybridStep:
 
     A row whose last ``min_match`` (or more) committed tokens occurred earlier takes the n-gram
     continuation (confidence ``ngram.confidence`` per token); every other row takes the drafter's
-    block (confidence: its probability of each token). When every row of the batch takes the
-    n-gram draft, the drafter's forward is skipped (``lax.cond``); its context cache is written
-    every round either way, so it is always current. Lossless like each part: the verify is the
-    loop's own, and under sampling an n-gram row's ``q`` is the point mass of its draft.
+    block as the drafter alone would draft it (DFlash: the argmax of its logits; DFlash 2: its
+    selector's walk, ``DraftStep.draft``) with the drafter's confidence. When every row of the
+    batch takes the n-gram draft, the drafter's forward is skipped (``lax.cond``); its context
+    cache is written every round either way, so it is always current. Lossless like each part:
+    the verify is the loop's own, and under sampling an n-gram row's ``q`` is the point mass of
+    its draft (a DFlash row's: the drafter's ``probs`` of its logits, or for DFlash 2 the
+    selector walk's ``q``, ``sample``).
+
+    Raises:
+      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``.
     """
 
     dflash: object  # a DraftStep (made with confidence=True)
@@ -206,6 +212,11 @@ class HybridStep:
     def __post_init__(self):
         if not 1 <= self.min_match <= self.ngram.ngram_max:
             raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
+
+    @property
+    def cfg(self):
+        """The drafter's ``DrafterConfig`` (the loop reads ``cfg.dflash2``: a selector samples its own draft)."""
+        return self.dflash.cfg
 
     @property
     def tap_layers(self):
@@ -221,33 +232,72 @@ class HybridStep:
     def write_context(self, params, cache, feats, start):
         return self.dflash.write_context(params, cache, feats, start)
 
-    def _choose(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
-        k = block_len - 1
+    def _lookup(self, tokens: Array, start: Array, block_valid: Array, k: int):
+        """``(draft [B, k], use [B], num_draft [B], confidence [B, k], idle)``: the n-gram continuation,
+        the rows that take it, their real-token counts (``k`` on drafter rows), its confidence, and
+        whether no row needs the drafter (an n-gram match, or a finished / padding row)."""
         ng, ng_num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
         use = (matched >= self.min_match) & (ng_num > 0)
-        conf_ng = self.ngram.token_confidence(matched, ng_num, k) if self.ngram.confidence is not None else None
-        vocab = target_params["embedding"].shape[0]
+        if self.ngram.confidence is not None:
+            conf = self.ngram.token_confidence(matched, ng_num, k)
+        else:
+            conf = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
+        idle = jnp.all(use | (block_valid <= 1))
+        return ng, use, jnp.where(use, ng_num, k), conf, idle
 
-        def run_drafter():
-            return self.dflash.logits(params, target_params, cache, anchor, start, block_valid, block_len)
-
-        idle = use | (block_valid <= 1)  # rows that need no drafter: an n-gram match, or finished / padding
-        logits = jax.lax.cond(jnp.all(idle), lambda: jnp.zeros((anchor.shape[0], k, vocab), jnp.float32), run_drafter)
-        if conf_ng is None:
-            conf_ng = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
-        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
-        return ng, use, logits, jnp.where(use, ng_num, k), conf
+    def _drafter(self, idle: Array, run, like):
+        """``run()`` unless ``idle``, else zeros shaped as ``like`` (a pytree of ShapeDtypeStructs)."""
+        zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), like)  # noqa: E731
+        return jax.lax.cond(idle, zeros, run)
 
     def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
-        ng, use, logits, num, conf = self._choose(
-            params, target_params, cache, anchor, start, block_valid, block_len, tokens
-        )
-        return jnp.where(use[:, None], ng, jnp.argmax(logits, -1).astype(jnp.int32)), num, conf
+        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
+
+        def run():
+            draft, _, conf = self.dflash.draft(
+                params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
+            )
+            return draft, conf
+
+        draft, conf = self._drafter(idle, run, jax.eval_shape(run))
+        return jnp.where(use[:, None], ng, draft), num, jnp.where(use[:, None], conf_ng, conf)
 
     def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
-        """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows."""
-        ng, use, logits, num, conf = self._choose(
-            params, target_params, cache, anchor, start, block_valid, block_len, tokens
-        )
+        """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows
+        (DFlash rows' confidence: the largest probability of their logits)."""
+        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
+
+        def run():
+            return self.dflash.logits(
+                params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
+            )
+
+        logits = self._drafter(idle, run, jax.eval_shape(run))
+        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
         return jnp.where(use[:, None, None], _point_mass(ng, target_params), logits), num, conf
+
+    def sample(self, params, target_params, cache, anchor, start, block_valid, block_len, *, key, temperature, tokens):
+        """A DFlash 2 drafter under sampling (``DraftStep.sample``): ``(draft int32 [B, K], q float32
+        [B, K, V], num_draft [B], confidence [B, K])``, the n-gram rows' q the point mass of their
+        draft, the drafter rows' the selector walk's q (confidence: q at the drawn token)."""
+        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
+
+        def run():
+            return self.dflash.sample(
+                params,
+                target_params,
+                cache,
+                anchor,
+                start,
+                block_valid,
+                block_len,
+                key=key,
+                temperature=temperature,
+                tokens=tokens,
+            )
+
+        draft, q = self._drafter(idle, run, jax.eval_shape(run))
+        q = jnp.where(use[:, None, None], jnp.exp(_point_mass(ng, target_params)), q)
+        conf = jnp.where(use[:, None], conf_ng, jnp.max(q, -1))
+        return jnp.where(use[:, None], ng, draft), q, num, conf

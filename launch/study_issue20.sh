@@ -13,7 +13,7 @@
 #   mask        today's recipe (mask tokens, offsets 1..8; its steps cost less, so it gets more)
 #   copy2_b12   copy2 with the copy bias starting at 12 (the table has less to unlearn)
 #   copy2_off8  copy2 supervising offsets 1..8 only (cheaper steps, more of them)
-#   copy2_lr2   copy2 at twice the learning rate (1.4e-3)
+#   copy2_lr2   copy2 at twice the learning rate (1.4e-3); optional, LR2=1 (after the others' tau)
 #
 # Every step is resumable: rerun the script after an interruption and it continues where it stopped
 # (a finished run returns at once, done tau records are skipped). Each finished arm's metrics are
@@ -45,11 +45,18 @@ kept_arm copy2_b12 "$COPY2" "$STEPS" drafter.copy_bias=12.0
 arm probe_copy2 "$COPY2" 6 eval.decode_prompts=0
 arm probe_off8 "$COPY2" 6 train.loss_offsets=8 eval.decode_prompts=0
 kept_arm copy2_off8 "$COPY2" "$(equal_steps "$STEPS" $OUT/probe_copy2 $OUT/probe_off8)" train.loss_offsets=8
-kept_arm copy2_lr2 "$COPY2" "$STEPS" train.lr=1.4e-3
 
 test -d runs/copy30_min2 || .venv/bin/python launch/copy_drafter.py assets/smollm2-135m-instruct-dflash \
   runs/copy30_min2 --copy-bias 30 --ngram-min 2
-args=(copy30m2=runs/copy30_min2)
-for name in copy2 mask copy2_b12 copy2_off8 copy2_lr2; do args+=("$name=$OUT/$name/drafter"); done
-.venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 --drafter "${args[@]}" \
-  --out docs/bench/issue20/study_tau.jsonl | tee docs/bench/issue20/study_tau.md
+study_tau() {  # tau at blocks 4/8/16 on 20 recorded answers a set for copy30m2 and the given arms
+  local args=(copy30m2=runs/copy30_min2) name
+  for name in "$@"; do args+=("$name=$OUT/$name/drafter"); done
+  .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 --drafter "${args[@]}" \
+    --out docs/bench/issue20/study_tau.jsonl | tee docs/bench/issue20/study_tau.md
+}
+study_tau copy2 mask copy2_b12 copy2_off8
+# the learning-rate arm is optional (LR2=1): run after the others' tau, which decide the long run
+if [ "${LR2:-0}" = 1 ]; then
+  kept_arm copy2_lr2 "$COPY2" "$STEPS" train.lr=1.4e-3
+  study_tau copy2 mask copy2_b12 copy2_off8 copy2_lr2
+fi

@@ -85,22 +85,24 @@ def test_calibration_changes_no_token(target):  # noqa: F811
     assert rounds[0] != rounds[1], rounds  # the calibrated policy chose other verify lengths
 
 
-def _dflash(ck, bs=8):
-    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=bs, mask_token_id=3)
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=4, selector_top_k=3)
+
+
+def _dflash(ck, bs=8, **dflash2):
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=bs, mask_token_id=3, **dflash2)
     return init_drafter_params(dcfg, seed=0), dcfg
 
 
-@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid"])
+@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid", "hybrid_dflash2"])
 def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa: F811
     ck, plain = target
     prompts = _prompts(8)
     want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
-    params, dcfg = _dflash(ck)
-    step = {
-        "ngram": (None, NgramStep(block_size=8, confidence=0.7)),
-        "dflash": (params, dcfg),
-        "hybrid": (params, HybridStep(DraftStep(dcfg, ck.cfg, True), NgramStep(block_size=8, confidence=0.7))),
-    }[which]
+    params, dcfg = _dflash(ck, **(DFLASH2 if which == "hybrid_dflash2" else {}))
+    hybrid = HybridStep(DraftStep(dcfg, ck.cfg, True), NgramStep(block_size=8, confidence=0.7))
+    step = {"ngram": (None, NgramStep(block_size=8, confidence=0.7)), "dflash": (params, dcfg)}.get(
+        which, (params, hybrid)
+    )
     full = Decoder(ck.params, ck.cfg, drafter=step, block_size=8)
     short = Decoder(
         ck.params,
@@ -176,6 +178,39 @@ def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(t
     np.testing.assert_array_equal(jnp.argmax(logits[1], -1), alone[1])
 
 
+def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target):  # noqa: F811
+    """A DFlash 2 drafter's rows take its selector's walk (``DraftStep.draft``), not the argmax of
+    its logits; under sampling its rows take the walk's draw and q, the n-gram rows a point mass."""
+    ck, _ = target
+    params, dcfg = _dflash(ck, **DFLASH2)
+    rs = np.random.RandomState(1)  # a selector strong enough that its walk leaves the unary argmax
+    for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
+        params[name] = jnp.asarray(10.0 * rs.randn(*np.shape(params[name])), jnp.float32)
+    dstep = DraftStep(dcfg, ck.cfg, True)
+    step = HybridStep(dstep, NgramStep(block_size=8, confidence=0.7), min_match=2)
+    tokens = jnp.zeros((2, 26), jnp.int32).at[:, :6].set(jnp.asarray([[6, 7, 8, 9, 6, 7], [6, 7, 8, 9, 10, 11]]))
+    start = jnp.asarray([5, 5], jnp.int32)
+    feats = jnp.asarray(rs.randn(2, 5, len(dcfg.target_layer_ids) * ck.cfg.hidden_size), jnp.float32)
+    cache = dstep.write_context(params, dstep.init_cache(2, 24), feats, jnp.zeros((2,), jnp.int32))
+    args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
+    walk, _, walk_conf = dstep.draft(*args)
+    argmax = jnp.argmax(dstep.logits(*args), -1)
+    assert not np.array_equal(walk[1], argmax[1])  # the walk is not the logits' argmax here
+    draft, num, conf = step.draft(*args, tokens=tokens)
+    np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: prompt lookup
+    np.testing.assert_array_equal(draft[1], walk[1])  # row 1: the selector's walk
+    assert num.tolist() == [4, 7]
+    np.testing.assert_allclose(conf[1], walk_conf[1], rtol=1e-6)
+    keys = jax.random.split(jax.random.key(0), 2)
+    sampled, q, num, _ = step.sample(*args, key=keys, temperature=0.8, tokens=tokens)
+    alone, q_alone = dstep.sample(*args, key=keys, temperature=0.8)
+    np.testing.assert_array_equal(sampled[1], alone[1])
+    np.testing.assert_allclose(q[1], q_alone[1], rtol=1e-6)
+    np.testing.assert_array_equal(sampled[0, :4], [8, 9, 6, 7])
+    np.testing.assert_array_equal(q[0, jnp.arange(4), sampled[0, :4]], 1.0)  # the n-gram rows: a point mass
+    assert float(q[0].sum()) == 7.0 and num.tolist() == [4, 7]
+
+
 def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F811
     ck, _ = target
     params, dcfg = _dflash(ck)
@@ -184,13 +219,13 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
     tokens = jnp.asarray([[6, 7, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
     start = jnp.asarray([2], jnp.int32)
     calls = []
-    real = DraftStep.logits
+    real = DraftStep._forward  # the drafter's forward, which draft / logits / sample all run
 
     def counted(self, *a, **k):
         calls.append(1)
         return real(self, *a, **k)
 
-    DraftStep.logits = counted
+    DraftStep._forward = counted
     try:
         jaxpr = str(
             jax.make_jaxpr(
@@ -200,15 +235,19 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
             )(tokens)
         )
     finally:
-        DraftStep.logits = real
+        DraftStep._forward = real
     assert "cond" in jaxpr and calls  # the drafter sits in a branch the loop takes only when a row needs it
 
 
-@pytest.mark.parametrize("lengths", [None, (1, 2)], ids=["full", "short"])
-def test_sampling_keeps_the_target_distribution(tiny, lengths):  # noqa: F811
+@pytest.mark.parametrize(
+    "lengths, dflash2", [(None, {}), ((1, 2), {}), (None, DFLASH2)], ids=["full", "short", "dflash2"]
+)
+def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2):  # noqa: F811
+    """The hybrid under sampling: n-gram rows a point mass, DFlash rows the drafter's q (DFlash 2:
+    its selector walk's draw and q, over 3 candidates of the 8 tokens)."""
     cfg, params = tiny
     s = Sampling(0.8)
-    dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,))
+    dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,), **dflash2)
     dparams = init_drafter_params(dcfg, seed=0)
     step = HybridStep(DraftStep(dcfg, cfg, True), NgramStep(block_size=4, confidence=0.7), min_match=1)
     costs = (1.0, 1.2, 1.6) if lengths else None  # fixed, not timed: the test sees the same rounds anywhere
@@ -247,6 +286,10 @@ def test_the_defaults_by_hardware(tiny_models, tmp_path):
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "ngram_drafter")
     _, step = speculation_for(str(folder), ck, tok)
     assert isinstance(step, DraftStep) and step.cfg.block_input == "ngram" and step.confidence
+    # a DFlash 2 drafter: beside prompt lookup too (its rows through the selector's walk)
+    d2 = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, **DFLASH2)
+    _, step = speculation_for(str(export_released(init_drafter_params(d2), d2, tmp_path / "d2")), ck, tok)
+    assert isinstance(step, HybridStep) and step.cfg.dflash2 and step.dflash.confidence
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
 
 
