@@ -74,6 +74,14 @@ def main() -> None:
         help="the run folder (out_dir, not its best/) that this run continued from through init_from, "
         "oldest first; repeatable: its steps and hours go into the summary and the README",
     )
+    ap.add_argument(
+        "--continues",
+        default="",
+        metavar="FOLDER",
+        help="a shipped drafter folder (this script's output) that the first stage continued through "
+        "init_from, e.g. the folder being replaced: its steps, hours and reproduction commands are "
+        "carried into the summary and the README",
+    )
     args = ap.parse_args()
 
     from dflash_jax.drafter_io import export_released, load_drafter
@@ -99,6 +107,24 @@ def main() -> None:
                 "best_val_loss": e.get("best_val_loss"),
             }
         )
+    before_commands = ""
+    if args.continues:
+        shipped = Path(args.continues)
+        if not (shipped / "training_summary.json").exists():
+            sys.exit(f"--continues {shipped}: no training_summary.json there; give a folder made by this script")
+        e = json.loads((shipped / "training_summary.json").read_text())
+        stages.insert(
+            0,
+            {
+                "run": f"{shipped} as shipped before",
+                "steps": e.get("total_steps", e["steps"]),
+                "train_hours": e.get("total_train_hours", e["train_hours"]),
+                "best_val_loss": e.get("best_val_loss"),
+            },
+        )
+        readme = (shipped / "README.md").read_text() if (shipped / "README.md").exists() else ""
+        if "```bash\n" in readme:
+            before_commands = readme.split("```bash\n", 1)[1].split("```", 1)[0]
     if stages:
         info["earlier_stages"] = stages
         info["total_steps"] = info["steps"] + sum(x["steps"] for x in stages)
@@ -125,21 +151,40 @@ def main() -> None:
             ],
             check=True,
         )
+        kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")
+        extras = ""
+        if cfg.dflash2:
+            extras += (
+                f" Grouped dynamic causal convolutions of kernel {cfg.conv_kernel_size} over groups of "
+                f"{cfg.conv_group_size} channels; candidate selector of rank {cfg.selector_rank} over the head's "
+                f"top {cfg.selector_top_k}."
+            )
+        if cfg.block_input == "ngram":
+            extras += (
+                f" Its block input is the prompt-lookup continuation (the last {cfg.ngram_min}..{cfg.ngram_max} "
+                f"committed tokens' most recent earlier match) in place of mask tokens"
+                + (", with a learned copy bias on the continued tokens' logits" if cfg.copy_bias is not None else "")
+                + ": `dflash_config.block_input`, read by dflash-jax; `dflash` loads the same tensors and "
+                "drafts from mask tokens."
+            )
         (tmp / "README.md").write_text(
-            f"# DFlash drafter for SmolLM2-135M-Instruct\n\n"
-            f"Released DFlash format (bfloat16): `config.json` + `model.safetensors`; loads in "
-            f"`dflash.model.DFlashDraftModel` and in dflash-jax (`--drafter auto` picks it for this target).\n\n"
+            f"# {kind} drafter for SmolLM2-135M-Instruct\n\n"
+            f"Released {kind} format (bfloat16): `config.json` + `model.safetensors`; loads in "
+            f"`dflash.model.{ref_class}` and in dflash-jax (`--drafter auto` picks it for this target).\n\n"
             f"{cfg.num_layers} drafter layers, block size {cfg.block_size}, target layers "
-            f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}. Trained {info['steps']} steps "
+            f"{list(cfg.target_layer_ids)}, mask token id {cfg.mask_token_id}.{extras} Trained {info['steps']} steps "
             f"({info['train_hours']} h on 2 CPU cores)"
             + "".join(f", continuing {x['run']} ({x['steps']} steps, {x['train_hours']} h)" for x in reversed(stages))
             + (f": {info['total_steps']} steps, {info['total_train_hours']} h in all" if stages else "")
             + f"; shipped: `{args.which}` ({shipped_at}).\n\n"
             f"- `train_config.json`: the run's full config\n- `training_summary.json`: losses, per-offset "
             f"accuracy, validation tau\n- `loss.png`: the curves (of the last stage)\n\n"
-            f"## Reproduce\n\n```bash\n{args.data_command}\n{args.command}\n"
-            f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
-            + "".join(f" --earlier-stage {x['run']}" for x in stages)
+            f"## Reproduce\n\n```bash\n"
+            + (f"# before: how {args.continues} was made\n{before_commands}# then:\n" if before_commands else "")
+            + "".join(f"{c}\n" for c in (args.data_command, args.command) if c)
+            + f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
+            + (f" --continues {args.continues}" if args.continues else "")
+            + "".join(f" --earlier-stage {x['run']}" for x in stages if not x["run"].endswith("as shipped before"))
             + "\n```\n"
             "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n"
         )

@@ -376,6 +376,16 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
         ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True, text=True
     )
     assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
+    # a stage continuing a shipped folder: its steps, hours and commands carried on
+    c = tmp_path / "c"
+    r = subprocess.run(ship[:4] + [str(c), "--command", "NEXT", "--continues", str(a)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    info_c = json.loads((c / "training_summary.json").read_text())
+    assert info_c["total_steps"] == 1500 and info_c["earlier_stages"][0]["run"] == f"{a} as shipped before"
+    readme_c = (c / "README.md").read_text()
+    assert readme_c.index("TRAIN-COMMAND") < readme_c.index("NEXT") and f"--continues {a}" in readme_c
+    r = subprocess.run(ship[:4] + [str(tmp_path / "d"), "--continues", str(out)], capture_output=True, text=True)
+    assert r.returncode != 0 and "give a folder made by this script" in r.stderr
 
 
 # --- length buckets ----------------------------------------------------------------------------
