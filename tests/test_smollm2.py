@@ -105,12 +105,15 @@ def test_speculative_equals_plain_on_real_prompts(smollm2):
 
 def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkeypatch):
     """The drafter in assets/ is what --drafter auto picks for SmolLM2; the reference dflash==0.1.0
-    loads the same files and gives the same tokens and per-round acceptance lengths; speculative
-    output follows the floating-point rule against plain decoding."""
+    loads the same files (``DFlashDraftModel``, or ``DFlash2DraftModel`` for a DFlash 2 drafter) and
+    gives the same tokens and per-round acceptance lengths when both draft from mask tokens (a drafter
+    whose block input is the prompt-lookup continuation is a dflash-jax extension the reference does
+    not read); speculative output, as shipped, follows the floating-point rule against plain decoding."""
+    import dataclasses
     import time
 
     import dflash.model
-    from dflash.model import DFlashDraftModel, dflash_generate
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel, dflash_generate
 
     from dflash_jax.drafter_io import drafter_for as load_drafter
     from dflash_jax.drafter_io import resolve_drafter
@@ -121,8 +124,14 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     assert (folder / "model.safetensors").stat().st_size < 40 * 2**20
     assert resolve_drafter("auto", ck) == str(folder)
     monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # return_stats on CPU
-    ref = DFlashDraftModel.from_pretrained(folder, dtype=torch.float32).eval()
-    dec = Decoder(ck.params, ck.cfg, drafter=load_drafter("auto", ck, tok), block_size=16)
+    params, cfg = load_drafter("auto", ck, tok)
+    ref = (DFlash2DraftModel if cfg.dflash2 else DFlashDraftModel).from_pretrained(folder, dtype=torch.float32).eval()
+    as_reference = (  # what the reference reads of it: mask-token blocks, no copy bias
+        {k: v for k, v in params.items() if k != "copy_bias"},
+        dataclasses.replace(cfg, block_input="mask", copy_bias=None),
+    )
+    dec = Decoder(ck.params, ck.cfg, drafter=as_reference, block_size=16)
+    shipped = Decoder(ck.params, ck.cfg, drafter=(params, cfg), block_size=16)
     plain = Decoder(ck.params, ck.cfg)
     stops = stop_ids(tok)
     for text in eval_prompts(2):
@@ -134,4 +143,6 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
             )
         assert ours.token_ids == out.output_ids[0, len(ids) :].tolist()
         assert ours.acceptance_lengths == list(out.acceptance_lengths)
-        _same_or_near_tie(ck, ids, plain.generate([ids], 48, stops)[0].token_ids, ours.token_ids)
+        want = plain.generate([ids], 48, stops)[0].token_ids
+        _same_or_near_tie(ck, ids, want, ours.token_ids)
+        _same_or_near_tie(ck, ids, want, shipped.generate([ids], 48, stops)[0].token_ids)
