@@ -32,7 +32,7 @@ from dflash_jax.drafter_io import (
     speculation_for,
 )
 from dflash_jax.errors import CheckpointError, DFlashError
-from dflash_jax.ngram import NgramStep
+from dflash_jax.ngram import HybridStep, NgramStep
 from dflash_jax.sampling import Sampling
 from dflash_jax.tokens import encode, stop_ids
 from dflash_jax.train import Trainer
@@ -696,7 +696,7 @@ def cmd_demo(args) -> None:
         runs.append((f"DFlash alone ({Path(shipped).name}), block 16", drafter, 16, None))
     runs += [
         ("prompt lookup alone, block 16", NgramStep(), 16, None),
-        ("the defaults (DFlash + prompt lookup, verify lengths auto)", defaults, None, "auto"),
+        (f"the defaults ({_describe(defaults)}, verify lengths auto)", defaults, None, "auto"),
     ]
     rows = []
     for name, drafter, block, lengths in runs:
@@ -720,9 +720,23 @@ def cmd_demo(args) -> None:
     print(f"speculative output identical to plain: {same}")
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
-        "on this machine (a 16-token verify costs 2.5-3.8 plain steps on a 2-core CPU); a drafter that is right "
-        "more often is still being trained: docs/BENCHMARKS.md has the measured tables"
+        "on this machine (on a 2-core CPU a 16-token verify costs about 2 plain steps and a drafter forward "
+        "0.5-0.7 more, so there the defaults draft by prompt lookup alone); docs/BENCHMARKS.md has the tables"
     )
+
+
+def _describe(step) -> str:
+    """Words for a ``speculation_for`` result: which drafter the loop runs."""
+    if step is None:
+        return "plain"
+    if isinstance(step, NgramStep):
+        return "prompt lookup alone"
+    step = step[1] if isinstance(step, tuple) else step
+    if isinstance(step, HybridStep):
+        return f"{'DFlash 2' if step.cfg.dflash2 else 'DFlash'} + prompt lookup"
+    cfg = getattr(step, "cfg", step)
+    kind = "DFlash 2" if cfg.dflash2 else "DFlash"
+    return f"{kind} reading prompt lookup" if cfg.block_input == "ngram" else f"{kind} alone"
 
 
 def main(argv=None) -> None:

@@ -290,6 +290,14 @@ def test_the_defaults_by_hardware(tiny_models, tmp_path):
     d2 = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, **DFLASH2)
     _, step = speculation_for(str(export_released(init_drafter_params(d2), d2, tmp_path / "d2")), ck, tok)
     assert isinstance(step, HybridStep) and step.cfg.dflash2 and step.dflash.confidence
+    from dflash_jax.cli import _describe  # what `make demo` calls each of them
+
+    assert _describe(auto) == "prompt lookup alone" and _describe((params, hybrid)) == "DFlash + prompt lookup"
+    assert (
+        _describe((None, step)) == "DFlash 2 + prompt lookup"
+        and _describe((None, dcfg)) == "DFlash reading prompt lookup"
+    )
+    assert _describe(speculation_for("random", ck, tok, prompt_lookup=False)) == "DFlash alone"
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
 
 
