@@ -1,11 +1,12 @@
 """Issue 21's second equal-budget pair: ``smollm2_135m_mix_copy2.py`` (the shipped drafter reading
-prompt lookup, block input = the n-gram continuation, copy bias 30) as a DFlash 2 drafter: the
+prompt lookup, block input = the n-gram continuation, copy bias 30) on offsets 1..8 (issue 20's study
+arm ``copy2_off8``, the best of its arms) as a DFlash 2 drafter: the
 backbone continued with grouped dynamic causal convolutions (kernel 2, groups of 16 channels, from
 the identity) and a candidate selector (rank 64 over the head's top 16, from random), trained with
 the selector loss beside the block loss (alpha 1), on the same 5 mixed shards and held-out answers.
 The copy bias acts on the head's logits, so a matched continuation's token enters the selector's
 candidates with its bonus. ``launch/study_issue21.sh`` trains it for the wall-clock of the study's
-``copy2`` arm (launch/study_issue20.sh) and compares both by tau on the five benchmark sets.
+``copy2_off8`` arm (launch/study_issue20.sh) and compares both by tau on the five benchmark sets.
 Resumable: rerun the same command after an interruption.
 
     dflash-jax train --config configs/smollm2_135m_mix_copy2_dflash2.py   # features: as smollm2_135m_mix_copy2.py
@@ -22,4 +23,5 @@ def get_config():
     c.drafter.selector_rank = 64
     c.drafter.selector_top_k = 16
     c.train.selector_alpha = 1.0
+    c.train.loss_offsets = 8
     return c

@@ -7,10 +7,10 @@
 # greedy tau on the recorded answers of the five benchmark sets at blocks 4, 8 and 16
 # (launch/study_tau.py, 20 answers a set). Resumable: rerun after an interruption.
 #
-# A second pair does the same for issue 20's copy2 arm (the drafter reading prompt lookup) against
-# configs/smollm2_135m_mix_copy2_dflash2.py.
+# A second pair does the same for issue 20's copy2_off8 arm (the drafter reading prompt lookup,
+# offsets 1..8) against configs/smollm2_135m_mix_copy2_dflash2.py on offsets 1..8.
 #
-#   bash launch/study_issue21.sh        # after launch/study_issue20.sh's mask and copy2 arms
+#   bash launch/study_issue21.sh        # after launch/study_issue20.sh's mask and copy2_off8 arms
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-305}
@@ -36,16 +36,19 @@ test -f docs/bench/issue21/study_tau.jsonl || grep '"arm": "mask"' docs/bench/is
   "dflash2=$OUT/dflash2/drafter" --out docs/bench/issue21/study_tau.jsonl | tee docs/bench/issue21/study_tau.md
 
 # The second pair (2026-12-02): the same question for the study's best recipe, the drafter reading
-# prompt lookup (issue 20's copy2 arm, 200 steps) against it as a DFlash 2 drafter
-# (configs/smollm2_135m_mix_copy2_dflash2.py) for the same wall-clock, probe against probe.
-test -f "$OUT/copy2/drafter/config.json" || { echo "run launch/study_issue20.sh's copy2 arm first" >&2; exit 1; }
-arm probe_copy2_dflash2 configs/smollm2_135m_mix_copy2_dflash2.py 6 eval.decode_prompts=0
-C2_STEPS=$(equal_steps 200 $OUT/probe_copy2 $OUT/probe_copy2_dflash2)
-echo "copy2_dflash2: $C2_STEPS steps (equal wall-clock with 200 of copy2)"
-arm copy2_dflash2 configs/smollm2_135m_mix_copy2_dflash2.py "$C2_STEPS"
-cp "$OUT/copy2_dflash2/metrics.jsonl" docs/bench/issue20/study/copy2_dflash2.metrics.jsonl
-grep -q '"arm": "copy2"' docs/bench/issue21/study_tau.jsonl || grep '"arm": "copy2"' \
+# prompt lookup trained on offsets 1..8 (issue 20's copy2_off8 arm, 282 steps) against it as a DFlash
+# 2 drafter (configs/smollm2_135m_mix_copy2_dflash2.py, offsets 1..8) for the same wall-clock, probe
+# against probe (both 6-step probes run alone).
+C2=configs/smollm2_135m_mix_copy2_dflash2.py
+test -f "$OUT/copy2_off8/drafter/config.json" || { echo "run launch/study_issue20.sh's copy2_off8 arm first" >&2; exit 1; }
+arm probe_off8_dflash2 "$C2" 6 train.loss_offsets=8 eval.decode_prompts=0
+C2_STEPS=$(equal_steps 282 $OUT/probe_off8 $OUT/probe_off8_dflash2)
+echo "copy2_off8_dflash2: $C2_STEPS steps (equal wall-clock with 282 of copy2_off8)"
+arm copy2_off8_dflash2 "$C2" "$C2_STEPS" train.loss_offsets=8
+cp "$OUT/copy2_off8_dflash2/metrics.jsonl" docs/bench/issue20/study/copy2_off8_dflash2.metrics.jsonl
+grep -q '"arm": "copy2_off8"' docs/bench/issue21/study_tau.jsonl || grep '"arm": "copy2_off8"' \
   docs/bench/issue20/study_tau.jsonl >> docs/bench/issue21/study_tau.jsonl || true
 .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 --drafter "mask=$OUT/mask/drafter" \
-  "dflash2=$OUT/dflash2/drafter" "copy2=$OUT/copy2/drafter" "copy2_dflash2=$OUT/copy2_dflash2/drafter" \
+  "dflash2=$OUT/dflash2/drafter" "copy2_off8=$OUT/copy2_off8/drafter" \
+  "copy2_off8_dflash2=$OUT/copy2_off8_dflash2/drafter" \
   --out docs/bench/issue21/study_tau.jsonl | tee docs/bench/issue21/study_tau.md
