@@ -22,7 +22,8 @@ from smollm2_135m_cpu_v5 import get_config as stage5
 
 def get_config():
     c = stage5()
-    c.init_from = "assets/smollm2-135m-instruct-dflash"
+    # the drafter shipped until 2026-12-02 (configs/smollm2_135m_cpu_v5.py's best), kept for the studies
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage5"
     c.data = "data/smollm2-mix"
     c.data_shards = 5
     c.out_dir = "runs/mix_mask"

@@ -4,6 +4,10 @@
 arm() {  # arm NAME CONFIG STEPS [key=value ...]: one resumable `dflash-jax train` run in $OUT/NAME
   local name=$1 cfg=$2 steps=$3
   shift 3
+  # a finished arm (its final drafter written) is left as it is, whatever its config says now (the
+  # configs' init_from moved to assets/smollm2-135m-instruct-dflash-stage5 after the arms ran, the
+  # same files: a run's identity holds the path, so train would refuse to call it the same run)
+  if [ -f "$OUT/$name/drafter/config.json" ]; then echo "$name: finished"; return; fi
   .venv/bin/dflash-jax train --config "$cfg" "out_dir=$OUT/$name" "train.steps=$steps" "eval.every=$steps" \
     ckpt.every=40 "$@"
 }

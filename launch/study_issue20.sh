@@ -46,7 +46,7 @@ arm probe_copy2 "$COPY2" 6 eval.decode_prompts=0
 arm probe_off8 "$COPY2" 6 train.loss_offsets=8 eval.decode_prompts=0
 kept_arm copy2_off8 "$COPY2" "$(equal_steps "$STEPS" $OUT/probe_copy2 $OUT/probe_off8)" train.loss_offsets=8
 
-test -d runs/copy30_min2 || .venv/bin/python launch/copy_drafter.py assets/smollm2-135m-instruct-dflash \
+test -d runs/copy30_min2 || .venv/bin/python launch/copy_drafter.py assets/smollm2-135m-instruct-dflash-stage5 \
   runs/copy30_min2 --copy-bias 30 --ngram-min 2
 study_tau() {  # tau at blocks 4/8/16 on 20 recorded answers a set for copy30m2 and the given arms
   local args=(copy30m2=runs/copy30_min2) name
