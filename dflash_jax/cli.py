@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--drafter",
         default="auto",
-        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped "
-        "in assets/ for this target, else prompt lookup), 'ngram' (prompt lookup alone), 'random' "
+        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (on an accelerator the "
+        "drafter shipped in assets/ for this target; on a CPU, or with none shipped, prompt lookup alone), "
+        "'ngram' (prompt lookup alone), 'random' "
         "(freshly initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)",
     )
     g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
@@ -401,11 +402,11 @@ def cmd_generate(args) -> None:
         )
     except ValueError as e:
         sys.exit(f"error: {e}")
-    kind = type(dec.drafter).__name__
     log(
         f"drafter: {args.drafter}"
         + (
-            f" ({kind}), block size {dec.block_size}, verify lengths {dec.verify_lengths or dec.block_size}"
+            f" ({_describe(dec.drafter)}), block size {dec.block_size}, "
+            f"verify lengths {dec.verify_lengths or dec.block_size}"
             if dec.drafter is not None
             else " (plain decoding)"
         )
@@ -438,7 +439,8 @@ def cmd_generate(args) -> None:
                 sys.exit(f"error: {e}")
             print(tok.decode(out, skip_special_tokens=True)[len(shown) :], flush=True)
             log(
-                f"{len(out)} tokens in {rounds} rounds (tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
+                f"{len(out)} tokens: 1 from prefill, then {max(rounds - 1, 0)} verify rounds "
+                f"(tau {max(len(out) - 1, 0) / max(rounds - 1, 1):.2f}), "
                 f"{time.perf_counter() - t0:.1f} s including compilation"
             )
         return
@@ -693,7 +695,7 @@ def cmd_demo(args) -> None:
     runs = [("plain (block 1)", None, None, None)]
     if shipped != "none":
         drafter = drafter_for(shipped, ck, tok)
-        runs.append((f"DFlash alone ({Path(shipped).name}), block 16", drafter, 16, None))
+        runs.append((f"{_describe(drafter)} ({Path(shipped).name}), block 16", drafter, 16, None))
     runs += [
         ("prompt lookup alone, block 16", NgramStep(), 16, None),
         (f"the defaults ({_describe(defaults)}, verify lengths auto)", defaults, None, "auto"),
@@ -720,8 +722,9 @@ def cmd_demo(args) -> None:
     print(f"speculative output identical to plain: {same}")
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
-        "on this machine (on a 2-core CPU a 16-token verify costs about 2 plain steps and a drafter forward "
-        "0.5-0.7 more, so there the defaults draft by prompt lookup alone); docs/BENCHMARKS.md has the tables"
+        "on this machine (on a 2-core CPU a 16-token verify costs 2-2.6 plain steps and the shipped drafter's "
+        "forward about 0.65 more, so there the defaults draft by prompt lookup alone); docs/BENCHMARKS.md has "
+        "the tables"
     )
 
 
