@@ -72,6 +72,11 @@ def get_config() -> ConfigDict:
     # stage that drew from N shards; carry the same N, seed and val_size to every later stage); 0: all
     c.eval.decode_prompts = 4  # validation prompts decoded for a real tau (0 = skip)
     c.eval.decode_max_new_tokens = 64
+    # what makes best/: "loss" (the objective trained: the block loss, plus DFlash 2's weighted selector
+    # loss; lowest), "tau_blocks" (tau from the held-out blocks, highest) or "decode_tau" (tau of the
+    # decoded validation prompts, highest). A drafter whose block reads prompt lookup pays about 30 of
+    # loss for every wrong forced copy, so its loss and its tau can move apart: rank it by a tau.
+    c.eval.best_by = "loss"
 
     c.ckpt = ConfigDict()
     c.ckpt.every = 100

@@ -7,7 +7,9 @@ block input; a learned copy bias from 30 on its own lr 0.03) trained on offsets 
 ``smollm2_135m_mix_copy2_dflash2.py``). This stage continues the drafter shipped from that study
 (``init_from`` the asset) on every mixed shard made so far (6: 768 answers, the same 32 of the first
 2 held out), for 1500 steps with checkpoints every 40 and an evaluation (held-out loss, tau from
-held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping the best. Resumable: rerun the
+held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping as ``best/`` the drafter with
+the highest tau from the held-out blocks (``eval.best_by``: a wrong forced copy costs about 30 of
+loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by). Resumable: rerun the
 same command after an interruption (SIGKILL included). A later stage on more shards continues it
 through ``init_from`` (``runs/long1/best``).
 
@@ -31,5 +33,6 @@ def get_config():
     c.train.loss_offsets = 8
     c.train.steps = 1500
     c.eval.every = 100
+    c.eval.best_by = "tau_blocks"
     c.ckpt.every = 40
     return c

@@ -3,8 +3,8 @@
 Read top to bottom: ``Trainer.__init__`` loads the frozen target, the data and the drafter config,
 draws the held-out split, fixes the run's identity and restores the last checkpoint if there is
 one; ``Trainer.run`` loops with a progress bar, logs JSONL metrics, validates, checkpoints (orbax,
-atomic, keep-last-N) and writes the best drafter by validation loss. The config and the run
-identity live in ``train_config``, the optimiser and the jitted update in ``train_step``, the
+atomic, keep-last-N) and writes the best drafter by ``eval.best_by`` (validation loss by default).
+The config and the run identity live in ``train_config``, the optimiser and the jitted update in ``train_step``, the
 batches in ``pipeline``.
 
 A killed run restarted with the same command continues from its last checkpoint with
@@ -41,7 +41,7 @@ from dflash_jax.drafter_io import load_drafter, save_drafter
 from dflash_jax.errors import CheckpointError, ConfigError, DataError
 from dflash_jax.sharding import make_mesh
 from dflash_jax.tokens import stop_ids
-from dflash_jax.train_config import differences, drafter_config, fingerprint, run_identity
+from dflash_jax.train_config import BEST_BY, differences, drafter_config, fingerprint, run_identity
 from dflash_jax.train_step import eval_stats, make_optimizer, make_schedule, sharded_step, summarise
 from dflash_jax.utils import atomic_write_text, enable_compilation_cache, read_jsonl
 
@@ -50,8 +50,8 @@ SELECTOR_METRICS = ("selector_loss", "selector_acc", "topk_coverage")  # DFlash 
 
 class Trainer:
     """A training run in ``c.out_dir``: ``ckpt/`` (orbax, last N states), ``metrics.jsonl``,
-    ``best/`` (drafter with the lowest validation loss), ``drafter/`` (final drafter), both in
-    the dflash-jax drafter format that ``dflash-jax generate --drafter`` loads.
+    ``best/`` (the best drafter by ``eval.best_by``: lowest validation loss by default),
+    ``drafter/`` (final drafter), both in the dflash-jax drafter format that ``dflash-jax generate --drafter`` loads.
 
     Args (construction):
       c: a config from ``train_config.load_config`` (validated there).
@@ -234,13 +234,24 @@ class Trainer:
             "rng": np.asarray(self.rng),
         }  # a host array: orbax cannot save a single-device one across hosts
 
+    def best_score(self, rec: dict) -> float:
+        """The number ``best/`` minimises (``eval.best_by``, ``train_config.BEST_BY``): ``loss``, the
+        objective trained (the block loss, plus DFlash 2's weighted selector loss); a tau, negated."""
+        by = self.c.eval.get("best_by", "loss")
+        if by == "loss":
+            t = self.c.train
+            return rec.get("val_loss", math.inf) + t.get("selector_alpha", 1.0) * rec.get("val_selector_loss", 0.0)
+        key, higher = BEST_BY[by]
+        return (-rec[key] if higher else rec[key]) if key in rec else math.inf
+
     def save(self):
         meta = {
             "run_id": self.run_id,
             "identity": self.identity,
             "step": self.step,
             "data_position": self.step,
-            "best_val_loss": self.best,
+            "best_val_loss": self.best,  # the best score (eval.best_by; the name from when it was the loss)
+            "best_by": self.c.eval.get("best_by", "loss"),
         }
         self.ckpt.save(
             self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(self._state()), meta=ocp.args.JsonSave(meta))
@@ -302,6 +313,9 @@ class Trainer:
         state = self.ckpt.restore(last, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         self.params, self.opt_state, self.rng = state["params"], state["opt_state"], state["rng"]
         self.step, self.best = int(state["step"]), float(meta.get("best_val_loss", math.inf))
+        if meta.get("best_by", "loss") != self.c.eval.get("best_by", "loss"):  # a new criterion: best/ starts over
+            self.log(f"eval.best_by is now {self.c.eval.get('best_by', 'loss')!r}: the next validation writes best/")
+            self.best = math.inf
         self.log(f"resumed {self.out} at step {self.step}")
 
     # -- metrics log: entries past the resumed step (written after the last checkpoint) are dropped
@@ -433,8 +447,7 @@ class Trainer:
             if self.step % c.eval.every == 0 or self.step == t.steps:
                 val = self.validate()
                 rec |= {k: (float(v) if np.ndim(v) == 0 else [float(x) for x in v[1:]]) for k, v in val.items()}
-                # the objective trained: the block loss, plus DFlash 2's weighted selector loss
-                score = rec.get("val_loss", math.inf) + t.get("selector_alpha", 1.0) * rec.get("val_selector_loss", 0.0)
+                score = self.best_score(rec)
                 if score < self.best:
                     self.best = score
                     self.export("best")

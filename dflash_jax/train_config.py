@@ -80,6 +80,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
 
 # left out of a run's identity at their defaults
 NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets", "copy_bias_lr")
+# eval.best_by: what makes a run's best/ (validation metric, and whether higher is better)
+BEST_BY = {"loss": ("val_loss", False), "tau_blocks": ("val_tau_blocks", True), "decode_tau": ("val_decode_tau", True)}
 
 
 def validate_config(c) -> None:
@@ -176,6 +178,12 @@ def validate_config(c) -> None:
     for key in ("val_size", "decode_prompts", "val_within_shards"):
         need(is_int(e.get(key, 0)) and e.get(key, 0) >= 0, f"eval.{key} must be an integer >= 0")
     need(is_int(e.decode_max_new_tokens) and e.decode_max_new_tokens >= 1, "eval.decode_max_new_tokens must be >= 1")
+    best_by = e.get("best_by", "loss")
+    need(best_by in BEST_BY, f"eval.best_by must be one of {', '.join(BEST_BY)}, got {best_by!r}")
+    need(
+        best_by != "decode_tau" or e.get("decode_prompts", 0) >= 1,
+        'eval.best_by="decode_tau" needs eval.decode_prompts >= 1 (prompts decoded at each validation)',
+    )
     for key in ("every", "keep"):
         need(is_int(k[key]) and k[key] >= 1, f"ckpt.{key} must be an integer >= 1")
 

@@ -742,6 +742,32 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
     assert np.isfinite(last["val_loss"]) and (tmp_path / "r2" / "best" / "dflash_jax.json").exists()
 
 
+def test_best_by_a_tau_writes_best_where_that_tau_peaks(tiny, tmp_path, monkeypatch):
+    """eval.best_by="tau_blocks": best/ is written at every validation that raises the held-out
+    blocks' tau above all earlier ones (not where the loss falls); a resumed run keeps its best
+    score under the same criterion and starts over under another; bad values are refused."""
+    ck, folder = tiny
+    exported = []
+    real = Trainer.export
+    monkeypatch.setattr(Trainer, "export", lambda self, name: (exported.append((name, self.step)), real(self, name)))
+    args = ("train.steps=6", "eval.every=1", "ckpt.every=3", "eval.decode_prompts=0", "train.lr=3e-3")
+    trainer = Trainer(tiny_config(ck, folder, tmp_path / "r", *args, "eval.best_by=tau_blocks"), log=lambda *_: None)
+    trainer.run()
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    taus = [r["val_tau_blocks"] for r in rows]
+    want = [r["step"] for i, r in enumerate(rows) if taus[i] > max(taus[:i], default=-1.0)]
+    assert [step for name, step in exported if name == "best"] == want
+    assert trainer.best == -max(taus)
+    again = Trainer(tiny_config(ck, folder, tmp_path / "r", *args, "eval.best_by=tau_blocks"), log=lambda *_: None)
+    assert again.best == -max(taus)
+    other = Trainer(tiny_config(ck, folder, tmp_path / "r", *args, "eval.best_by=loss"), log=lambda *_: None)
+    assert other.best == float("inf")  # another criterion: the next validation writes best/
+    with pytest.raises(ConfigError, match="eval.best_by must be one of loss, tau_blocks, decode_tau"):
+        tiny_config(ck, folder, tmp_path / "x", "eval.best_by=tau")
+    with pytest.raises(ConfigError, match="needs eval.decode_prompts >= 1"):
+        tiny_config(ck, folder, tmp_path / "x", "eval.best_by=decode_tau", "eval.decode_prompts=0")
+
+
 def test_val_within_shards_keeps_an_earlier_stages_held_out_answers(tiny, tmp_path):
     """eval.val_within_shards=N: a run on more shards holds out exactly the sequences a run on the
     first N shards held out, and trains on everything else (pipeline.split_indices)."""
