@@ -1,0 +1,50 @@
+"""How much of the target's answers a drafter head over a few thousand tokens would cover.
+
+The groundwork of a draft vocabulary (docs/BENCHMARKS.md, "Where a DFlash 2 round's time goes": the
+LM head over all 49152 tokens is two thirds of the shipped drafter's forward on a CPU). Reads the
+answer tokens (``loss_mask``) of a ``prepare-data`` folder's shards and reports, for each size N, the
+share of answer tokens among (a) the first N token ids (BPE merge order) and (b) the N most frequent
+answer tokens counted on every shard but the first, measured on the first (held out, so the figure
+is what a vocabulary chosen from training answers would cover on new ones).
+
+    .venv/bin/python launch/draft_vocab.py data/smollm2-mix --sizes 2048 4096 8192 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+
+def answer_tokens(shard: Path) -> np.ndarray:
+    """The answer tokens of one shard (``tokens`` where ``loss_mask``), int64 ``[n]``."""
+    tokens, mask = np.load(shard / "tokens.npy").ravel(), np.load(shard / "loss_mask.npy").ravel()
+    if tokens.shape != mask.shape:
+        raise SystemExit(f"{shard}: tokens.npy and loss_mask.npy differ in size; remake the shard")
+    return tokens[mask.astype(bool)].astype(np.int64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data", type=Path, help="a prepare-data folder (shard_*/tokens.npy, loss_mask.npy)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    args = ap.parse_args()
+    shards = sorted(args.data.glob("shard_*"))
+    if len(shards) < 2:
+        raise SystemExit(f"{args.data}: need 2 or more shards (the first is held out), found {len(shards)}")
+    held = answer_tokens(shards[0])
+    train = np.concatenate([answer_tokens(s) for s in shards[1:]])
+    by_count = np.argsort(-np.bincount(train), kind="stable")
+    print(f"answer tokens: {train.size} counted on shards 1..{len(shards) - 1}, {held.size} held out (shard 0)")
+    print("| N | first N ids | N most frequent (held out) | N most frequent (in sample) |")
+    print("|---|---|---|---|")
+    for n in args.sizes:
+        top = by_count[:n]
+        shares = (np.mean(held < n), np.mean(np.isin(held, top)), np.mean(np.isin(train, top)))
+        print(f"| {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
+
+
+if __name__ == "__main__":
+    main()
