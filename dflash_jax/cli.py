@@ -735,9 +735,13 @@ def _describe(step) -> str:
     if isinstance(step, NgramStep):
         return "prompt lookup alone"
     step = step[1] if isinstance(step, tuple) else step
+    if isinstance(step, NgramStep):
+        return "prompt lookup alone"
     if isinstance(step, HybridStep):
         return f"{'DFlash 2' if step.cfg.dflash2 else 'DFlash'} + prompt lookup"
     cfg = getattr(step, "cfg", step)
+    if not hasattr(cfg, "dflash2"):  # a draft step of another kind (a test's oracle, say)
+        return type(step).__name__
     kind = "DFlash 2" if cfg.dflash2 else "DFlash"
     return f"{kind} reading prompt lookup" if cfg.block_input == "ngram" else f"{kind} alone"
 

@@ -127,7 +127,10 @@ def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, 
     in expectation (offsets past ``num_valid`` count 0); ``costs [len(lengths)]`` is a round's cost
     at each of ``lengths`` (ascending). Each row picks its own best length from its own draft
     alone, so a row's output never depends on the rest of the batch; the batch then verifies the
-    longest of the active rows' picks. Lossless whatever it picks: it only decides how many draft
+    longest of the active rows' picks. Lossless whatever it picks, provided ``conf`` is fixed
+    before the draft is drawn (greedy: always; sampled: the rejection rule is exact for a length
+    that does not depend on the drawn tokens, so a step that samples its own draft, DFlash 2's
+    walk, gives a confidence from its head, not from the walk's q): it only decides how many draft
     tokens the target checks.
 
     Returns:
@@ -321,10 +324,10 @@ def decode_loop(
             if sampling.greedy:
                 draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
             elif _samples_itself(drafter):  # DFlash 2: its selector draws the draft and gives q
-                draft, q, *counted = drafter.sample(
+                # (and a confidence that does not depend on the draws, so neither does the verify length)
+                draft, q, num_draft, conf = drafter.sample(
                     *args, key=k_draft, temperature=sampling.temperature, tokens=s.tokens
                 )
-                num_draft, conf = counted or (None, jnp.max(q, axis=-1))  # (a HybridStep counts its n-gram rows)
             else:
                 draft_logits, num_draft, conf = _with_count(drafter.logits(*args, tokens=s.tokens))
                 q = probs(draft_logits, sampling)

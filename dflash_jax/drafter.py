@@ -804,16 +804,24 @@ class DraftStep:
         key: Array,
         temperature: float,
         tokens: Array | None = None,
-    ) -> tuple[Array, Array]:
-        """DFlash 2 under sampling: the selector's sampled walk ``(draft int32 [B, block_len - 1],
-        q float32 [B, block_len - 1, V])``, q the walk's distribution over each offset's candidates
-        scattered onto the vocabulary (0 elsewhere), which the loop's rejection rule reads (SPEC
-        "DFlash 2" 2; ``dflash_generate`` with ``draft_indices``). ``key``: per-row keys ``[B]``."""
+    ) -> tuple[Array, Array, None, Array]:
+        """DFlash 2 under sampling: the selector's sampled walk ``(draft int32 [B, K], q float32
+        [B, K, V], None, confidence float32 [B, K])`` (``K = block_len - 1``), q the walk's
+        distribution over each offset's candidates scattered onto the vocabulary (0 elsewhere),
+        which the loop's rejection rule reads (SPEC "DFlash 2" 2; ``dflash_generate`` with
+        ``draft_indices``); ``None``: every offset is a real draft token. ``key``: per-row keys ``[B]``.
+
+        The confidence (what the loop's verify-length choice reads) is the head's largest
+        probability per offset at ``temperature``, not the walk's q: q at offset j + 1 depends on the
+        token drawn at offset j, and a verify length chosen from the draws would decide whether a
+        drawn token is checked at all from the token itself, which biases the output (the rejection
+        rule is exact only for a length fixed before the draws)."""
         hidden, logits = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
         draft, candidates, q = select(params, self.cfg, hidden, logits, anchor, temperature, key)
         dense = jnp.zeros(logits.shape, jnp.float32)
         b, k = jnp.indices(candidates.shape[:2])
-        return draft, dense.at[b[..., None], k[..., None], candidates].set(q)
+        conf = jnp.max(jax.nn.softmax(logits / temperature, axis=-1), axis=-1)
+        return draft, dense.at[b[..., None], k[..., None], candidates].set(q), None, conf
 
 
 def check_fits(

@@ -202,7 +202,8 @@ class HybridStep:
     selector walk's ``q``, ``sample``).
 
     Raises:
-      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``.
+      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, or a drafter step made without
+        ``confidence=True``.
     """
 
     dflash: object  # a DraftStep (made with confidence=True)
@@ -212,6 +213,10 @@ class HybridStep:
     def __post_init__(self):
         if not 1 <= self.min_match <= self.ngram.ngram_max:
             raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
+        if not getattr(self.dflash, "confidence", False):
+            raise ValueError(
+                "HybridStep needs its drafter's confidence: make it DraftStep(cfg, target_cfg, confidence=True)"
+            )
 
     @property
     def cfg(self):
@@ -280,7 +285,8 @@ class HybridStep:
     def sample(self, params, target_params, cache, anchor, start, block_valid, block_len, *, key, temperature, tokens):
         """A DFlash 2 drafter under sampling (``DraftStep.sample``): ``(draft int32 [B, K], q float32
         [B, K, V], num_draft [B], confidence [B, K])``, the n-gram rows' q the point mass of their
-        draft, the drafter rows' the selector walk's q (confidence: q at the drawn token)."""
+        draft, the drafter rows' the selector walk's q; the confidence is the n-gram table's on
+        n-gram rows and ``DraftStep.sample``'s (the head's, independent of the draws) elsewhere."""
         ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
 
         def run():
@@ -297,7 +303,6 @@ class HybridStep:
                 tokens=tokens,
             )
 
-        draft, q = self._drafter(idle, run, jax.eval_shape(run))
+        draft, q, _, conf = self._drafter(idle, run, jax.eval_shape(run))
         q = jnp.where(use[:, None, None], jnp.exp(_point_mass(ng, target_params)), q)
-        conf = jnp.where(use[:, None], conf_ng, jnp.max(q, -1))
-        return jnp.where(use[:, None], ng, draft), q, num, conf
+        return jnp.where(use[:, None], ng, draft), q, num, jnp.where(use[:, None], conf_ng, conf)

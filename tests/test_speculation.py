@@ -202,13 +202,26 @@ def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target)
     assert num.tolist() == [4, 7]
     np.testing.assert_allclose(conf[1], walk_conf[1], rtol=1e-6)
     keys = jax.random.split(jax.random.key(0), 2)
-    sampled, q, num, _ = step.sample(*args, key=keys, temperature=0.8, tokens=tokens)
-    alone, q_alone = dstep.sample(*args, key=keys, temperature=0.8)
+    sampled, q, num, conf = step.sample(*args, key=keys, temperature=0.8, tokens=tokens)
+    alone, q_alone, none, conf_alone = dstep.sample(*args, key=keys, temperature=0.8)
     np.testing.assert_array_equal(sampled[1], alone[1])
     np.testing.assert_allclose(q[1], q_alone[1], rtol=1e-6)
+    np.testing.assert_allclose(conf[1], conf_alone[1], rtol=1e-6)
     np.testing.assert_array_equal(sampled[0, :4], [8, 9, 6, 7])
     np.testing.assert_array_equal(q[0, jnp.arange(4), sampled[0, :4]], 1.0)  # the n-gram rows: a point mass
-    assert float(q[0].sum()) == 7.0 and num.tolist() == [4, 7]
+    assert float(q[0].sum()) == 7.0 and num.tolist() == [4, 7] and none is None
+    # The confidence (which picks the verify length) must not depend on the draws: q at offset j + 1
+    # follows the token drawn at j, and a length chosen from it biases the output (the rejection rule
+    # is exact for a length fixed before the draws). Other keys: other draws and q, the same confidence.
+    # (with a weaker selector, whose walks differ between the keys; the cache does not read the selector)
+    weak = dict(params, **{n: params[n] / 100 for n in ("predecessor_codebook", "successor_codebook")})
+    other = jax.random.split(jax.random.key(7), 2)
+    walk_a, q_a, _, conf_a = dstep.sample(weak, *args[1:], key=keys, temperature=5.0)
+    walk_b, q_b, _, conf_b = dstep.sample(weak, *args[1:], key=other, temperature=5.0)
+    assert not np.array_equal(np.asarray(walk_a), np.asarray(walk_b)) and not np.allclose(q_a, q_b)
+    np.testing.assert_array_equal(conf_a, conf_b)
+    hybrid_a, hybrid_b = (step.sample(weak, *args[1:], key=k, temperature=5.0, tokens=tokens) for k in (keys, other))
+    np.testing.assert_array_equal(hybrid_a[3], hybrid_b[3])
 
 
 def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F811
@@ -240,17 +253,27 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
 
 
 @pytest.mark.parametrize(
-    "lengths, dflash2", [(None, {}), ((1, 2), {}), (None, DFLASH2)], ids=["full", "short", "dflash2"]
+    "lengths, dflash2",
+    [(None, {}), ((1, 2), {}), (None, DFLASH2), ((1, 3), DFLASH2)],
+    ids=["full", "short", "dflash2", "dflash2-short"],
 )
 def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2):  # noqa: F811
     """The hybrid under sampling: n-gram rows a point mass, DFlash rows the drafter's q (DFlash 2:
-    its selector walk's draw and q, over 3 candidates of the 8 tokens)."""
+    its selector walk's draw and q, over 3 candidates of the 8 tokens, a confident head and a
+    selector strong enough that the walk's q moves with its draws; with verify lengths, chosen
+    from a confidence that does not)."""
     cfg, params = tiny
     s = Sampling(0.8)
     dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,), **dflash2)
     dparams = init_drafter_params(dcfg, seed=0)
+    if dflash2:
+        rs = np.random.RandomState(3)
+        dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), dparams)
+        for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
+            dparams[name] = rs.randn(*np.shape(dparams[name])).astype(np.float32)
     step = HybridStep(DraftStep(dcfg, cfg, True), NgramStep(block_size=4, confidence=0.7), min_match=1)
-    costs = (1.0, 1.2, 1.6) if lengths else None  # fixed, not timed: the test sees the same rounds anywhere
+    # fixed costs, not timed: the test sees the same rounds anywhere
+    costs = None if not lengths else (1.0, 1.8, 1.8) if dflash2 else (1.0, 1.2, 1.6)
     dec = Decoder(params, cfg, drafter=(dparams, step), sampling=s, verify_lengths=lengths, verify_costs=costs)
     counts, multi = sampled_joint(dec)
     assert multi > 0  # drafts were accepted
@@ -298,6 +321,12 @@ def test_the_defaults_by_hardware(tiny_models, tmp_path):
         and _describe((None, dcfg)) == "DFlash reading prompt lookup"
     )
     assert _describe(speculation_for("random", ck, tok, prompt_lookup=False)) == "DFlash alone"
+    assert _describe((None, NgramStep())) == "prompt lookup alone" and _describe(None) == "plain"
+    from helpers import OracleDraft
+
+    assert _describe((None, OracleDraft(ck.cfg.vocab_size, 8))) == "OracleDraft"
+    with pytest.raises(ValueError, match="confidence=True"):
+        HybridStep(DraftStep(d2, ck.cfg), NgramStep())
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
 
 
