@@ -1,28 +1,22 @@
 """Issue 20's long run, stage 1: the recipe that won the fixed-budget studies, on the mixed answers.
 
 The studies (docs/BENCHMARKS.md, "Fixed-budget study, second plan" and "DFlash against DFlash 2 at
-equal budget") picked the drafter that reads prompt lookup (the n-gram continuation, n >= 2, as the
-block input; a learned copy bias from 30 on its own lr 0.03) trained on offsets 1..8
-(``smollm2_135m_mix_copy2.py`` with ``train.loss_offsets = 8``; DFLASH2 below: as a DFlash 2 drafter,
-``smollm2_135m_mix_copy2_dflash2.py``). This stage continues the drafter shipped from that study
+equal budget") picked a DFlash 2 drafter that reads prompt lookup (the n-gram continuation, n >= 2,
+as the block input; a learned copy bias from 30 on its own lr 0.03) trained on offsets 1..8
+(``smollm2_135m_mix_copy2_dflash2.py``). This stage continues the drafter shipped from that study
 (``init_from`` the asset) on every mixed shard made so far (6: 768 answers, the same 32 of the first
 2 held out), for 1500 steps with checkpoints every 40 and an evaluation (held-out loss, tau from
 held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping as ``best/`` the drafter with
 the highest tau from the held-out blocks (``eval.best_by``: a wrong forced copy costs about 30 of
-loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by). Resumable: rerun the
-same command after an interruption (SIGKILL included). A later stage on more shards continues it
-through ``init_from`` (``runs/long1/best``).
+loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by).
+Resumable: rerun the same command after an interruption (SIGKILL included). A later stage on more
+shards continues it through ``init_from`` (``runs/long1/best``).
 
     .venv/bin/dflash-jax prepare-features --config configs/smollm2_135m_long.py   # shard 5's features (3 min)
     .venv/bin/dflash-jax train --config configs/smollm2_135m_long.py              # about 5 s a step here
 """
 
-DFLASH2 = True
-
-if DFLASH2:
-    from smollm2_135m_mix_copy2_dflash2 import get_config as recipe
-else:
-    from smollm2_135m_mix_copy2 import get_config as recipe
+from smollm2_135m_mix_copy2_dflash2 import get_config as recipe
 
 
 def get_config():
@@ -30,7 +24,6 @@ def get_config():
     c.init_from = "assets/smollm2-135m-instruct-dflash"
     c.data_shards = 6
     c.out_dir = "runs/long1"
-    c.train.loss_offsets = 8
     c.train.steps = 1500
     c.eval.every = 100
     c.eval.best_by = "tau_blocks"

@@ -13,15 +13,11 @@ Resumable: rerun the same command after an interruption.
 """
 
 from smollm2_135m_mix_copy2 import get_config as copy2
+from smollm2_135m_mix_dflash2 import as_dflash2
 
 
 def get_config():
-    c = copy2()
+    c = as_dflash2(copy2())
     c.out_dir = "runs/mix_copy2_dflash2"
-    c.drafter.conv_kernel_size = 2
-    c.drafter.conv_group_size = 16
-    c.drafter.selector_rank = 64
-    c.drafter.selector_top_k = 16
-    c.train.selector_alpha = 1.0
     c.train.loss_offsets = 8
     return c

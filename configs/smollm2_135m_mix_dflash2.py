@@ -12,12 +12,17 @@ Resumable: rerun the same command after an interruption.
 from smollm2_135m_mix import get_config as mix
 
 
-def get_config():
-    c = mix()
-    c.out_dir = "runs/mix_dflash2"
+def as_dflash2(c):
+    """``c`` as a DFlash 2 run (the studies' DFlash 2 settings; also ``smollm2_135m_mix_copy2_dflash2.py``)."""
     c.drafter.conv_kernel_size = 2
     c.drafter.conv_group_size = 16
     c.drafter.selector_rank = 64
     c.drafter.selector_top_k = 16
     c.train.selector_alpha = 1.0
+    return c
+
+
+def get_config():
+    c = as_dflash2(mix())
+    c.out_dir = "runs/mix_dflash2"
     return c

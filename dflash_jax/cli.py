@@ -732,9 +732,7 @@ def _describe(step) -> str:
     """Words for a ``speculation_for`` result: which drafter the loop runs."""
     if step is None:
         return "plain"
-    if isinstance(step, NgramStep):
-        return "prompt lookup alone"
-    step = step[1] if isinstance(step, tuple) else step
+    step = step[1] if isinstance(step, tuple) else step  # (params, step or DrafterConfig)
     if isinstance(step, NgramStep):
         return "prompt lookup alone"
     if isinstance(step, HybridStep):

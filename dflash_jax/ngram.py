@@ -23,6 +23,7 @@ row, ``ngram_max`` compares of the buffer ``[S + block]`` with one window token 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -250,35 +251,24 @@ class HybridStep:
         idle = jnp.all(use | (block_valid <= 1))
         return ng, use, jnp.where(use, ng_num, k), conf, idle
 
-    def _drafter(self, idle: Array, run, like):
-        """``run()`` unless ``idle``, else zeros shaped as ``like`` (a pytree of ShapeDtypeStructs)."""
-        zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), like)  # noqa: E731
+    def _drafter(self, idle: Array, run):
+        """``run()`` unless ``idle``, else zeros of its output's shapes (the drafter's forward skipped)."""
+        zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run))  # noqa: E731
         return jax.lax.cond(idle, zeros, run)
 
     def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
         ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
-
-        def run():
-            draft, _, conf = self.dflash.draft(
-                params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
-            )
-            return draft, conf
-
-        draft, conf = self._drafter(idle, run, jax.eval_shape(run))
+        args = (params, target_params, cache, anchor, start, block_valid, block_len)
+        draft, _, conf = self._drafter(idle, partial(self.dflash.draft, *args, tokens=tokens))
         return jnp.where(use[:, None], ng, draft), num, jnp.where(use[:, None], conf_ng, conf)
 
     def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
         """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows
         (DFlash rows' confidence: the largest probability of their logits)."""
         ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
-
-        def run():
-            return self.dflash.logits(
-                params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
-            )
-
-        logits = self._drafter(idle, run, jax.eval_shape(run))
+        args = (params, target_params, cache, anchor, start, block_valid, block_len)
+        logits = self._drafter(idle, partial(self.dflash.logits, *args, tokens=tokens))
         conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
         return jnp.where(use[:, None, None], _point_mass(ng, target_params), logits), num, conf
 
@@ -288,21 +278,8 @@ class HybridStep:
         draft, the drafter rows' the selector walk's q; the confidence is the n-gram table's on
         n-gram rows and ``DraftStep.sample``'s (the head's, independent of the draws) elsewhere."""
         ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
-
-        def run():
-            return self.dflash.sample(
-                params,
-                target_params,
-                cache,
-                anchor,
-                start,
-                block_valid,
-                block_len,
-                key=key,
-                temperature=temperature,
-                tokens=tokens,
-            )
-
-        draft, q, _, conf = self._drafter(idle, run, jax.eval_shape(run))
+        args = (params, target_params, cache, anchor, start, block_valid, block_len)
+        run = partial(self.dflash.sample, *args, key=key, temperature=temperature, tokens=tokens)
+        draft, q, _, conf = self._drafter(idle, run)
         q = jnp.where(use[:, None, None], jnp.exp(_point_mass(ng, target_params)), q)
         return jnp.where(use[:, None], ng, draft), q, num, jnp.where(use[:, None], conf_ng, conf)

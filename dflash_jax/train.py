@@ -4,8 +4,8 @@ Read top to bottom: ``Trainer.__init__`` loads the frozen target, the data and t
 draws the held-out split, fixes the run's identity and restores the last checkpoint if there is
 one; ``Trainer.run`` loops with a progress bar, logs JSONL metrics, validates, checkpoints (orbax,
 atomic, keep-last-N) and writes the best drafter by ``eval.best_by`` (validation loss by default).
-The config and the run identity live in ``train_config``, the optimiser and the jitted update in ``train_step``, the
-batches in ``pipeline``.
+The config and the run identity live in ``train_config``, the optimiser and the jitted update in
+``train_step``, the batches in ``pipeline``.
 
 A killed run restarted with the same command continues from its last checkpoint with
 bitwise-identical losses: the batch of step ``s`` is ``dataset[s]`` (random-access grain), the
@@ -51,7 +51,8 @@ SELECTOR_METRICS = ("selector_loss", "selector_acc", "topk_coverage")  # DFlash 
 class Trainer:
     """A training run in ``c.out_dir``: ``ckpt/`` (orbax, last N states), ``metrics.jsonl``,
     ``best/`` (the best drafter by ``eval.best_by``: lowest validation loss by default),
-    ``drafter/`` (final drafter), both in the dflash-jax drafter format that ``dflash-jax generate --drafter`` loads.
+    ``drafter/`` (final drafter), both in the dflash-jax drafter format that
+    ``dflash-jax generate --drafter`` loads.
 
     Args (construction):
       c: a config from ``train_config.load_config`` (validated there).
@@ -237,12 +238,11 @@ class Trainer:
     def best_score(self, rec: dict) -> float:
         """The number ``best/`` minimises (``eval.best_by``, ``train_config.BEST_BY``): ``loss``, the
         objective trained (the block loss, plus DFlash 2's weighted selector loss); a tau, negated."""
-        by = self.c.eval.get("best_by", "loss")
-        if by == "loss":
+        tau = BEST_BY[self.c.eval.get("best_by", "loss")]
+        if tau is None:
             t = self.c.train
             return rec.get("val_loss", math.inf) + t.get("selector_alpha", 1.0) * rec.get("val_selector_loss", 0.0)
-        key, higher = BEST_BY[by]
-        return (-rec[key] if higher else rec[key]) if key in rec else math.inf
+        return -rec.get(tau, -math.inf)
 
     def save(self):
         meta = {

@@ -80,8 +80,8 @@ def load_config(path: str | os.PathLike, overrides: list[str] = ()):
 
 # left out of a run's identity at their defaults
 NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets", "copy_bias_lr")
-# eval.best_by: what makes a run's best/ (validation metric, and whether higher is better)
-BEST_BY = {"loss": ("val_loss", False), "tau_blocks": ("val_tau_blocks", True), "decode_tau": ("val_decode_tau", True)}
+# eval.best_by: what makes a run's best/: the objective trained ("loss", lowest), or a validation tau (highest)
+BEST_BY = {"loss": None, "tau_blocks": "val_tau_blocks", "decode_tau": "val_decode_tau"}
 
 
 def validate_config(c) -> None:
