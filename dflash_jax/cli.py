@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts
 from dflash_jax.decode import Decoder
-from dflash_jax.drafter import check_fits
+from dflash_jax.drafter import DRAFT_VOCAB, check_fits
 from dflash_jax.drafter_io import (
     drafter_for,
     export_released,
@@ -84,6 +84,15 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
         "DFlash loop), or numbers such as 1,4,16",
     )
     p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the DFlash drafter proposes only the first N tokens of the draft vocabulary stored with it "
+        "(draft_vocab.json, most frequent answer tokens first; its head then costs N/vocab of the full one), "
+        "0 = the whole vocabulary; default: the stored list, whole, if the drafter has one. Lossless either way",
+    )
+    p.add_argument(
         "--calibrate",
         default="on",
         choices=["on", "off"],
@@ -103,6 +112,10 @@ def _verify_lengths(args):
         NgramStep(args.ngram_max, args.ngram_min)
     except ValueError as e:
         sys.exit(f"error: --ngram-max / --ngram-min: {e}")
+    if getattr(args, "draft_vocab", None) is not None and args.draft_vocab < 0:
+        sys.exit(
+            f"error: --draft-vocab takes a number of tokens >= 0 (0: the whole vocabulary); got {args.draft_vocab}"
+        )
     if args.verify_lengths in ("auto", "full"):
         return None if args.verify_lengths == "full" else "auto"
     try:
@@ -127,6 +140,7 @@ def _speculation(args, ck, tok, spec=None):
             ngram_max=args.ngram_max,
             ngram_min=args.ngram_min,
             seed=getattr(args, "seed", 0),
+            draft_vocab=args.draft_vocab,
         )
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -604,7 +618,7 @@ def cmd_bench(args) -> None:
             if drafter_path == "none"
             else "error: bench measures prompt lookup in its own 'ngram' row; pass a DFlash --drafter (or auto)"
         )
-    drafter = drafter_for(drafter_path, ck, tok)
+    drafter = drafter_for(drafter_path, ck, tok, draft_vocab=args.draft_vocab)
     blocks = args.block_size or [drafter[1].block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
     try:
@@ -732,15 +746,17 @@ def _describe(step) -> str:
     """Words for a ``speculation_for`` result: which drafter the loop runs."""
     if step is None:
         return "plain"
-    step = step[1] if isinstance(step, tuple) else step  # (params, step or DrafterConfig)
+    params, step = step if isinstance(step, tuple) else (None, step)  # (params, step or DrafterConfig)
+    vocab = params.get(DRAFT_VOCAB) if isinstance(params, dict) else None
+    over = f" over {vocab['ids'].shape[0]} tokens" if vocab is not None else ""
     if isinstance(step, NgramStep):
         return "prompt lookup alone"
     if isinstance(step, HybridStep):
-        return f"{'DFlash 2' if step.cfg.dflash2 else 'DFlash'} + prompt lookup"
+        return f"{'DFlash 2' if step.cfg.dflash2 else 'DFlash'}{over} + prompt lookup"
     cfg = getattr(step, "cfg", step)
     if not hasattr(cfg, "dflash2"):  # a draft step of another kind (a test's oracle, say)
         return type(step).__name__
-    kind = "DFlash 2" if cfg.dflash2 else "DFlash"
+    kind = ("DFlash 2" if cfg.dflash2 else "DFlash") + over
     return f"{kind} reading prompt lookup" if cfg.block_input == "ngram" else f"{kind} alone"
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -626,11 +626,130 @@ def released_names(cfg: DrafterConfig) -> dict[str, tuple[tuple[str, ...], bool]
 
 def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
     """Target LM head on drafter outputs, then ``output_multiplier`` and the optional tanh soft-cap (float32)."""
-    logits = Target(target_cfg).apply({"params": target_params}, hidden, method="logits") * cfg.output_multiplier
+    return _scale_logits(Target(target_cfg).apply({"params": target_params}, hidden, method="logits"), cfg)
+
+
+def _scale_logits(logits: Array, cfg: DrafterConfig) -> Array:
+    logits = logits * cfg.output_multiplier
     if cfg.final_logit_softcapping:
         cap = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / cap) * cap
     return logits
+
+
+# --- a draft vocabulary (inference only) ------------------------------------------------------
+#
+# On a CPU the target's LM head over the whole vocabulary is most of a small drafter's forward
+# (docs/BENCHMARKS.md, "Where a DFlash 2 round's time goes"). A draft vocabulary is a list of the
+# N tokens the drafter may propose (the most frequent answer tokens, ``draft_vocab.json`` in its
+# folder; EAGLE-3's idea): the head then runs over those N columns only, plus, for a drafter with
+# a copy bias, each offset's prompt-lookup token whatever the list. The verify is unchanged, so
+# decoding stays exact: a token outside the list is simply never drafted, and under sampling q is
+# the distribution actually drawn from (0 outside the list).
+
+DRAFT_VOCAB = "draft_vocab"  # the key of the draft vocabulary in a DraftStep's parameters
+
+
+def head_columns(target_params, target_cfg: TargetConfig, tokens: Array) -> Array:
+    """The target LM head's columns for ``tokens`` (int ``[...]``): ``[..., d]`` in the parameters' dtype
+    (the embedding's rows when the head is tied to it, as ``Target.logits`` reads it)."""
+    if target_cfg.tie_word_embeddings:
+        return jnp.take(target_params["embedding"], tokens, axis=0)
+    return jnp.moveaxis(jnp.take(target_params["lm_head"], tokens, axis=1), 0, -1)
+
+
+def with_draft_vocab(params, ids, target_params, target_cfg: TargetConfig):
+    """Drafter parameters plus a draft vocabulary: ``{**params, "draft_vocab": {"ids": int32 [N],
+    "head": [d, N]}}``, the head's columns for ``ids`` gathered once here (not every round).
+
+    Args:
+      ids: the N token ids the drafter may propose (``read_draft_vocab``), distinct, in
+        ``[0, vocab_size)``; their order does not matter.
+
+    Raises:
+      ValueError: ``ids`` empty, not 1-D, repeated or out of range.
+    """
+    ids = jnp.asarray(ids)
+    vocab = target_cfg.vocab_size
+    if ids.ndim != 1 or ids.size == 0 or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"a draft vocabulary is a non-empty list of token ids; got shape {ids.shape} {ids.dtype}")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
+    if len(set(ids.tolist())) != ids.size:
+        raise ValueError("draft vocabulary ids repeat; each token may appear once")
+    ids = ids.astype(jnp.int32)
+    return {**params, DRAFT_VOCAB: {"ids": ids, "head": head_columns(target_params, target_cfg, ids).T}}
+
+
+def _model_params(params):
+    """The drafter's own parameters (without a ``draft_vocab``), as ``Drafter.apply`` takes them."""
+    return {k: v for k, v in params.items() if k != DRAFT_VOCAB}
+
+
+class DraftScores(NamedTuple):
+    """A draft step's logits over the tokens it may propose, and which token each column is.
+
+    Without a draft vocabulary ``logits [B, K, V]`` and column j is token j (``ids`` and ``copy``
+    None). With one of N tokens, column j < N is token ``ids[j]``; with a copy bias there is one more
+    column, each offset's prompt-lookup token (``copy [B, K]``, -inf where the offset has none),
+    and that token's column among the first N is -inf, so no token is scored twice.
+    """
+
+    logits: Array  # float32 [B, K, M]
+    ids: Array | None = None  # int32 [N]
+    copy: Array | None = None  # int32 [B, K]
+
+    def tokens(self, index: Array) -> Array:
+        """Token ids int32 of column indices ``index [B, K, ...]``."""
+        index = index.astype(jnp.int32)
+        if self.ids is None:
+            return index
+        n = self.ids.shape[0]
+        tok = jnp.take(self.ids, jnp.minimum(index, n - 1))
+        if self.copy is None:
+            return tok
+        copy = self.copy.reshape(self.copy.shape + (1,) * (index.ndim - self.copy.ndim))
+        return jnp.where(index == n, copy, tok)
+
+    def dense(self, vocab_size: int) -> Array:
+        """The logits on the whole vocabulary ``[B, K, vocab_size]``, -inf on tokens never proposed."""
+        if self.ids is None:
+            return self.logits
+        n = self.ids.shape[0]
+        full = jnp.full((*self.logits.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
+        full = full.at[..., self.ids].set(self.logits[..., :n])
+        if self.copy is None:
+            return full
+        b, k = jnp.indices(self.copy.shape)
+        return full.at[b, k, self.copy].max(self.logits[..., n])
+
+
+def draft_scores(
+    hidden: Array, params, target_params, target_cfg: TargetConfig, cfg: DrafterConfig, block, num, matched
+) -> DraftScores:
+    """The draft step's ``DraftScores`` at offsets ``1 .. K`` (``hidden [B, K, d]``): the target's head
+    and ``copy_prior`` over the whole vocabulary, or, when ``params`` hold a ``draft_vocab``
+    (``with_draft_vocab``), over its N tokens and the copy column (the copy bonus exactly as
+    ``copy_prior`` adds it). ``block``, ``num``, ``matched``: ``block_inputs``' outputs."""
+    vocab = params.get(DRAFT_VOCAB)
+    if vocab is None:
+        logits = draft_logits(hidden, target_params, target_cfg, cfg)
+        return DraftScores(copy_prior(logits, params, cfg, block, num, matched))
+    dt = cfg.compute_dtype
+    head = jnp.asarray(vocab["head"]).astype(dt)
+    sub = _scale_logits(jnp.matmul(hidden.astype(dt), head, preferred_element_type=jnp.float32), cfg)
+    if cfg.copy_bias is None:
+        return DraftScores(sub, vocab["ids"])
+    k = hidden.shape[-2]
+    copy = block[..., 1 : k + 1]  # [B, K]: the proposed token where offset < num, else the mask token
+    w = head_columns(target_params, target_cfg, copy).astype(dt)  # [B, K, d]
+    own = _scale_logits(jnp.einsum("bkd,bkd->bk", hidden.astype(dt), w, preferred_element_type=jnp.float32), cfg)
+    offsets = jnp.arange(k)
+    bonus = params["copy_bias"][jnp.maximum(matched - 1, 0)[:, None], offsets]  # [B, K]
+    has = offsets < num[:, None]
+    sub = jnp.where(has[..., None] & (vocab["ids"] == copy[..., None]), -jnp.inf, sub)
+    column = jnp.where(has, own + bonus, -jnp.inf)
+    return DraftScores(jnp.concatenate([sub, column[..., None]], axis=-1), vocab["ids"], copy)
 
 
 def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
@@ -658,7 +777,7 @@ def selector_scores(params, hidden: Array, unary: Array, candidates: Array, pred
     return unary + jnp.einsum("...r,...kr->...k", query, keys)
 
 
-def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Array, temperature: float, key=None):
+def select(params, cfg: DrafterConfig, hidden: Array, scores: DraftScores, anchor: Array, temperature: float, key=None):
     """DFlash 2's left-to-right walk over each block's candidates (SPEC "DFlash 2" 2; the
     reference's ``CandidateSelector.select``): at offset j the predecessor is the anchor (j = 1)
     or the token chosen at j - 1; greedy (``temperature == 0``) takes the best score, sampling draws
@@ -666,7 +785,8 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
 
     Args:
       hidden: ``[B, K, d]`` the drafter's final hidden states at offsets 1..K.
-      logits: ``[B, K, V]`` the head's logits there (``draft_logits``).
+      scores: the head's logits there (``draft_scores``; the candidates are the top columns, read
+        as tokens through ``scores.tokens``).
       anchor: int32 ``[B]``.
       key: typed PRNG keys ``[B]``, one per row (sampling only); row b draws offset j with
         ``fold_in(key[b], j)``, so a row's draft never depends on the rest of the batch.
@@ -677,7 +797,8 @@ def select(params, cfg: DrafterConfig, hidden: Array, logits: Array, anchor: Arr
       token was drawn from, which the verify's rejection rule uses, 0 outside the candidates;
       greedy: the softmax of the scores, read as the walk's confidence).
     """
-    unary, candidates = selector_candidates(logits, cfg)
+    unary, columns = selector_candidates(scores.logits, cfg)
+    candidates = scores.tokens(columns)
 
     def step(prev, xs):
         j, h, u, c = xs  # offset j's hidden [B, d], unary scores and candidates [B, k]
@@ -713,6 +834,9 @@ class DraftStep:
     fused target features, slot = absolute position (like the target's KV cache), so the
     loop never compacts it: ``decode_masks`` hides slots ``>= start``. (A sliding layer's
     mask hides slots older than its window; the memory for them is kept for static shapes.)
+
+    Its parameters may carry a draft vocabulary (``with_draft_vocab``): the step then scores only
+    those tokens and the copy column (``draft_scores``).
     """
 
     cfg: DrafterConfig
@@ -734,10 +858,10 @@ class DraftStep:
 
     def write_context(self, params, cache, feats: Array, start: Array):
         """Project target features ``[B, C, n_taps * d]`` of positions ``start .. start+C-1`` into the cache."""
-        model = Drafter(self.cfg)
-        ctx = model.apply({"params": params}, feats, method=Drafter.fuse)
+        model, variables = Drafter(self.cfg), {"params": _model_params(params)}
+        ctx = model.apply(variables, feats, method=Drafter.fuse)
         positions = start[:, None] + jnp.arange(feats.shape[1])
-        kv = model.apply({"params": params}, ctx, positions, method=Drafter.context_kv)
+        kv = model.apply(variables, ctx, positions, method=Drafter.context_kv)
         return [(write_block(ck, k, start), write_block(cv, v, start)) for (ck, cv), (k, v) in zip(cache, kv)]
 
     def logits(
@@ -754,18 +878,19 @@ class DraftStep:
     ):
         """Draft logits ``[B, block_len - 1, V]`` (float32) for blocks ``[anchor, MASK...]`` at ``start``
         (``block_tokens``: with ``block_input="ngram"`` the prompt-lookup continuation of ``tokens``,
-        the loop's token buffer ``[B, L]``, in place of the first mask tokens)."""
-        return self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)[1]
+        the loop's token buffer ``[B, L]``, in place of the first mask tokens); with a draft
+        vocabulary, -inf on the tokens it never proposes."""
+        scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)[1]
+        return scores.dense(self.cfg.vocab_size)
 
     def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
-        """(final hidden states ``[B, block_len - 1, d]``, logits) at offsets ``1 .. block_len - 1``."""
+        """(final hidden states ``[B, block_len - 1, d]``, ``DraftScores``) at offsets ``1 .. block_len - 1``."""
         block, num, matched = block_inputs(self.cfg, anchor, start, block_len, tokens)
         emb = block_embeddings(block, target_params, self.target_cfg, self.cfg)
         masks = decode_masks(self.cfg, cache[0][0].shape[1], start, block_len, block_valid)
         positions = start[:, None] + jnp.arange(block_len)
-        hidden = Drafter(self.cfg).apply({"params": params}, emb, positions, cache, masks)[:, 1:]
-        logits = draft_logits(hidden, target_params, self.target_cfg, self.cfg)
-        return hidden, copy_prior(logits, params, self.cfg, block, num, matched)
+        hidden = Drafter(self.cfg).apply({"params": _model_params(params)}, emb, positions, cache, masks)[:, 1:]
+        return hidden, draft_scores(hidden, params, target_params, self.target_cfg, self.cfg, block, num, matched)
 
     def draft(
         self,
@@ -782,13 +907,13 @@ class DraftStep:
         """Greedy draft tokens ``[B, block_len - 1]`` for the blocks of ``logits`` (DFlash 2: the
         selector's greedy walk, ``select``); with ``confidence``, ``(tokens, None, probability of
         each token [B, block_len - 1])`` (DFlash 2: its probability among the offset's candidates)."""
-        hidden, logits = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
         if self.cfg.dflash2:
-            draft, _, q = select(params, self.cfg, hidden, logits, anchor, 0.0)
+            draft, _, q = select(params, self.cfg, hidden, scores, anchor, 0.0)
             conf = jnp.max(q, axis=-1)
         else:
-            draft = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-            conf = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+            draft = scores.tokens(jnp.argmax(scores.logits, axis=-1))
+            conf = jnp.max(jax.nn.softmax(scores.logits, axis=-1), axis=-1)
         return (draft, None, conf) if self.confidence else draft
 
     def sample(
@@ -816,11 +941,11 @@ class DraftStep:
         token drawn at offset j, and a verify length chosen from the draws would decide whether a
         drawn token is checked at all from the token itself, which biases the output (the rejection
         rule is exact only for a length fixed before the draws)."""
-        hidden, logits = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
-        draft, candidates, q = select(params, self.cfg, hidden, logits, anchor, temperature, key)
-        dense = jnp.zeros(logits.shape, jnp.float32)
+        hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        draft, candidates, q = select(params, self.cfg, hidden, scores, anchor, temperature, key)
+        dense = jnp.zeros((*draft.shape, self.cfg.vocab_size), jnp.float32)
         b, k = jnp.indices(candidates.shape[:2])
-        conf = jnp.max(jax.nn.softmax(logits / temperature, axis=-1), axis=-1)
+        conf = jnp.max(jax.nn.softmax(scores.logits / temperature, axis=-1), axis=-1)
         return draft, dense.at[b[..., None], k[..., None], candidates].set(q), None, conf
 
 

@@ -31,12 +31,13 @@ from dflash_jax.drafter import (
     drafter_param_shapes,
     init_drafter_params,
     released_names,
+    with_draft_vocab,
 )
-from dflash_jax.errors import CheckpointError
+from dflash_jax.errors import CheckpointError, ConfigError
 from dflash_jax.ngram import HybridStep, NgramStep
 from dflash_jax.sharding import placed
 from dflash_jax.tokens import mask_token_id
-from dflash_jax.utils import META_FILE, atomic_folder, read_json, read_safetensors
+from dflash_jax.utils import META_FILE, atomic_folder, atomic_write_text, read_json, read_safetensors
 
 
 def export_released(
@@ -169,15 +170,55 @@ def resolve_drafter(spec: str, ck: TargetCheckpoint) -> str:
     return str(found) if found is not None else "none"
 
 
-def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0):
+# --- a draft vocabulary stored with a drafter ---------------------------------------------
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def write_draft_vocab(folder: str | Path, ids, **meta) -> Path:
+    """Store a draft vocabulary with the drafter in ``folder`` (atomically): ``draft_vocab.json``
+    ``{"ids": [...], **meta}``, ids most frequent first, so that its first N are the best N
+    (``drafter.with_draft_vocab``; docs/BENCHMARKS.md "A draft vocabulary").
+
+    Raises:
+      CheckpointError: ``folder`` is not a drafter folder.
+    """
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder} is not a drafter folder (no config.json); pass the drafter's folder")
+    path = folder / DRAFT_VOCAB_FILE
+    atomic_write_text(path, json.dumps({"ids": [int(i) for i in ids], **meta}))
+    return path
+
+
+def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
+    """The draft vocabulary stored with a drafter, int32 ``[N]`` most frequent first, or None.
+
+    Raises:
+      CheckpointError: the file exists but holds no list of ids.
+    """
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.exists():
+        return None
+    ids = read_json(path).get("ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise CheckpointError(f"{path} holds no list of token ids under 'ids'; rewrite it with launch/draft_vocab.py")
+    return np.asarray(ids, np.int32)
+
+
+def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):
     """The ``(params, DrafterConfig)`` that ``--drafter spec`` names for target ``ck``, or None.
 
     ``none`` -> None; ``auto`` -> the shipped drafter for this target, else None; ``random`` ->
     a fresh 1-layer drafter (block 16, seeded); else a drafter folder (ours or released format).
 
+    ``draft_vocab``: None -> the draft vocabulary stored with the drafter (``draft_vocab.json``),
+    whole, if there is one; 0 -> none (the head over the whole vocabulary); N -> the stored list's
+    first N tokens (its N most frequent). With one, ``params`` hold it (``with_draft_vocab``).
+
     Raises:
       ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
-        ids, or another target's identity).
+        ids, or another target's identity), or ``draft_vocab`` asks for more tokens than stored.
       CheckpointError: not a drafter folder, or a damaged one.
     """
     spec = resolve_drafter(spec, ck)
@@ -188,6 +229,20 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0):
         return init_drafter_params(cfg, seed), cfg
     params, cfg, identity = load_drafter(spec)
     check_fits(cfg, ck.cfg, identity, ck.identity)
+    ids = read_draft_vocab(spec)
+    if draft_vocab:
+        if ids is None or draft_vocab > len(ids):
+            have = "none" if ids is None else f"{len(ids)} tokens"
+            raise ConfigError(
+                f"--draft-vocab {draft_vocab}: {spec} stores {have}; pass at most that, or 0 for the whole"
+                " vocabulary (launch/draft_vocab.py writes a longer list)"
+            )
+        ids = ids[:draft_vocab]
+    if ids is not None and draft_vocab != 0:
+        try:
+            params = with_draft_vocab(params, ids, ck.params, ck.cfg)
+        except ValueError as e:
+            raise ConfigError(f"{Path(spec) / DRAFT_VOCAB_FILE}: {e}") from None
     return params, cfg
 
 
@@ -207,8 +262,10 @@ def speculation_for(
     ngram_max: int = 4,
     ngram_min: int = 1,
     seed: int = 0,
+    draft_vocab: int | None = None,
 ):
-    """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off.
+    """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off
+    (``draft_vocab``: as ``drafter_for``).
 
     ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
     A DFlash drafter (``random`` or a folder; see ``drafter_for``) with ``prompt_lookup`` ->
@@ -228,7 +285,7 @@ def speculation_for(
     cpu_or_none = jax.default_backend() == "cpu" or resolve_drafter(spec, ck) == "none"
     if spec == "ngram" or (spec == "auto" and prompt_lookup and cpu_or_none):
         return NgramStep(ngram_max, ngram_min, confidence=_ngram_confidence(ngram_max))
-    drafter = drafter_for(spec, ck, tok, seed)
+    drafter = drafter_for(spec, ck, tok, seed, draft_vocab)
     if drafter is None or not prompt_lookup:
         return drafter
     params, cfg = drafter

@@ -23,12 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 
-def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.ndarray, chunk: int = 32):
+def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.ndarray, chunk: int = 32, vocab=None):
     """Acceptance length (1..block_size) at each anchor ``p`` from the first answer token (the
     anchor of a decode's first round: the prefill commits that token) to the last position with a
     whole block after it: int array of length ``T - B - first + 1``. ``tokens`` int [T],
     ``loss_mask`` bool [T] (answer tokens). Compiled once per configuration, length bucket (128)
-    and ``chunk`` (anchors per drafter call; the last call is padded with invalid anchors)."""
+    and ``chunk`` (anchors per drafter call; the last call is padded with invalid anchors).
+    ``vocab``: a draft vocabulary (token ids), drafting as ``DraftStep`` does with it
+    (``drafter.with_draft_vocab``): only those tokens and each offset's prompt-lookup token."""
     import jax.numpy as jnp
 
     b, t = dcfg.block_size, len(tokens)
@@ -36,6 +38,7 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
     toks = jnp.asarray(np.pad(tokens, (0, padded - t))[None])
     context, guesses = _compiled(ck.cfg, dcfg)
     ctx = context(ck.params, dparams, toks)
+    allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
     first = int(np.argmax(loss_mask))
     anchors = list(range(first, t - b + 1))
     out = []
@@ -43,7 +46,7 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
         part = anchors[c : c + chunk]
         pos = np.asarray(part + [part[-1]] * (chunk - len(part)), np.int32)[None]
         valid = (np.arange(chunk) < len(part))[None]
-        guess = np.asarray(guesses(dparams, ck.params, ctx, toks, jnp.asarray(pos), jnp.asarray(valid)))
+        guess = np.asarray(guesses(dparams, ck.params, ctx, toks, jnp.asarray(pos), jnp.asarray(valid), allowed))
         for j, p in enumerate(part):
             hit = guess[j] == tokens[p + 1 : p + b]
             out.append(1 + int(np.cumprod(hit).sum()))
@@ -57,7 +60,7 @@ def _compiled(tcfg, dcfg):
     import jax.numpy as jnp
 
     from dflash_jax import loss
-    from dflash_jax.drafter import select
+    from dflash_jax.drafter import DraftScores, block_inputs, select
 
     @jax.jit
     def context(target_params, dparams, toks):
@@ -65,14 +68,24 @@ def _compiled(tcfg, dcfg):
         return loss.context_kv(dparams, feats, dcfg)
 
     @jax.jit
-    def guesses(dparams, target_params, ctx, toks, pos, valid):
+    def guesses(dparams, target_params, ctx, toks, pos, valid, allowed):
         anchors = loss.Anchors(pos, valid)
         logits, hidden = loss.block_logits(
             dparams, target_params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg, with_hidden=True
         )
+        keep = allowed  # [V]: the draft vocabulary, then each offset's prompt-lookup token (its copy column)
+        if dcfg.copy_bias is not None:
+            bs, k = dcfg.block_size, logits.shape[-2]
+            context = jnp.repeat(jnp.pad(toks, ((0, 0), (0, bs))), pos.shape[1], axis=0)
+            block, num, _ = block_inputs(dcfg, toks[0, pos[0]], pos[0], bs, context)
+            copy = (jnp.arange(k) < num[:, None])[..., None] & (
+                block[:, 1 : k + 1, None] == jnp.arange(logits.shape[-1])
+            )
+            keep = keep | copy
+        logits = jnp.where(keep, logits[0], -jnp.inf)
         if dcfg.dflash2:  # the selector's greedy walk from each anchor, as DraftStep.draft
-            return select(dparams, dcfg, hidden[0], logits[0], toks[0, pos[0]], 0.0)[0]
-        return jnp.argmax(logits[0], -1)  # [chunk, B - 1]
+            return select(dparams, dcfg, hidden[0], DraftScores(logits), toks[0, pos[0]], 0.0)[0]
+        return jnp.argmax(logits, -1)  # [chunk, B - 1]
 
     return context, guesses
 

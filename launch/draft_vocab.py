@@ -7,15 +7,24 @@ share of answer tokens among (a) the first N token ids (BPE merge order) and (b)
 answer tokens counted on every shard but the first, measured on the first (held out, so the figure
 is what a vocabulary chosen from training answers would cover on new ones).
 
+With ``--write DRAFTER`` it also stores the ``--size`` most frequent answer tokens, counted on every
+shard, most frequent first (then, past the tokens ever counted, the others in token-id order), as
+that drafter's draft vocabulary (``draft_vocab.json``, read by
+``dflash-jax generate`` / ``bench`` / ``demo``; ``--draft-vocab N`` takes its first N).
+
     .venv/bin/python launch/draft_vocab.py data/smollm2-mix --sizes 2048 4096 8192 16384
+    .venv/bin/python launch/draft_vocab.py data/smollm2-mix --write assets/smollm2-135m-instruct-dflash --size 16384
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
+
+from dflash_jax.drafter_io import write_draft_vocab
 
 
 def answer_tokens(shard: Path) -> np.ndarray:
@@ -30,6 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data", type=Path, help="a prepare-data folder (shard_*/tokens.npy, loss_mask.npy)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--write", type=Path, metavar="DRAFTER", help="store a draft vocabulary with this drafter folder")
+    ap.add_argument("--size", type=int, default=16384, help="how many tokens --write stores (default 16384)")
     args = ap.parse_args()
     shards = sorted(args.data.glob("shard_*"))
     if len(shards) < 2:
@@ -44,6 +55,19 @@ def main() -> None:
         top = by_count[:n]
         shares = (np.mean(held < n), np.mean(np.isin(held, top)), np.mean(np.isin(train, top)))
         print(f"| {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
+    if args.write:
+        counts = np.bincount(np.concatenate([held, train]), minlength=args.size)
+        # the counted tokens by count, then (past the tokens ever counted) the rest in token-id order,
+        # which is BPE merge order: a rough frequency order of the tokenizer's own corpus
+        ids = np.argsort(-counts, kind="stable")[: args.size]
+        path = write_draft_vocab(
+            args.write,
+            ids.tolist(),
+            counted_on=f"{args.data}: answer tokens of {len(shards)} shards ({counts.sum()} tokens)",
+            covers=float(counts[ids].sum() / counts.sum()),
+            command="python launch/draft_vocab.py " + " ".join(map(str, sys.argv[1:])),
+        )
+        print(f"wrote {path}: {len(ids)} tokens, {counts[ids].sum() / counts.sum():.3f} of the counted answer tokens")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ the shipped one); for T = 1, 2, 4, 8, 16 block tokens: target verify (forward + 
 the target forward alone, the drafter's draft (its layers + LM head on T-1 positions; DFlash 2: and
 the selector's top-k and walk), its context write, and two parts of the draft alone: the LM head on
 T-1 positions and the top-16 of those logits (DFlash 2's candidates). Milliseconds, mean of 20 runs
-after two warm-up calls.
+after two warm-up calls. With ``--draft-vocab N ...`` one more draft column per N: the draft with
+the head over the first N tokens of the drafter's stored draft vocabulary (``draft_vocab.json``).
 
     .venv/bin/python launch/profile_round.py
-    .venv/bin/python launch/profile_round.py --drafter assets/smollm2-135m-instruct-dflash
+    .venv/bin/python launch/profile_round.py --drafter assets/smollm2-135m-instruct-dflash --draft-vocab 16384 8192 4096
 """
 
 import sys
@@ -36,7 +37,7 @@ def timeit(f, *args, n=20):
     return (time.perf_counter() - t) / n * 1e3
 
 
-def main(drafter: str):
+def main(drafter: str, vocab_sizes: list[int]):
     enable_compilation_cache()
     ck = checkpoint.load_target(hub.SMOLLM2)
     cfg = ck.cfg
@@ -49,11 +50,24 @@ def main(drafter: str):
         dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=16, mask_token_id=16)
         dparams = jax.device_put(init_drafter_params(dcfg, 0))
     step = DraftStep(dcfg, cfg)
+    cut = {}
+    if vocab_sizes:
+        from dflash_jax.drafter import with_draft_vocab
+        from dflash_jax.drafter_io import read_draft_vocab
+
+        ids = read_draft_vocab(drafter) if drafter else None
+        if ids is None or max(vocab_sizes) > len(ids):
+            raise SystemExit(f"--draft-vocab: {drafter or 'the random drafter'} stores no list that long")
+        cut = {n: jax.device_put(with_draft_vocab(dparams, ids[:n], ck.params, cfg)) for n in vocab_sizes}
     cache, dcache, s = init_cache(cfg, 1, 512), step.init_cache(1, 512), jnp.array([100])
     tokens = jnp.asarray(jax.random.randint(jax.random.key(0), (1, 512), 0, cfg.vocab_size), jnp.int32)
     head = jax.jit(lambda p, h: Target(cfg).apply({"params": p}, h, method="logits"))
     top = jax.jit(lambda x: jax.lax.top_k(x, 16))
-    print("T  verify  target-forward  draft  context-write  LM-head  top-16   (ms)")
+    print(
+        "T  verify  target-forward  draft  context-write  LM-head  top-16"
+        + "".join(f"  draft@{n}" for n in cut)
+        + "  (ms)"
+    )
     for t in (1, 2, 4, 8, 16):
         pos = 100 + jnp.arange(t)[None]
         tok = jnp.ones((1, t), jnp.int32)
@@ -80,6 +94,9 @@ def main(drafter: str):
             f"{t:<3d}{timeit(verify, ck.params, cache, tok):7.1f}{timeit(forward, ck.params, cache, tok):16.1f}"
             f"{d:7.1f}{timeit(write, dparams, dcache, feats):15.1f}"
             f"{timeit(head, ck.params, hidden):9.1f}{timeit(top, logits):8.1f}"
+            + "".join(
+                f"{timeit(draft, c, ck.params, dcache) if t > 1 else 0.0:{len(str(n)) + 8}.1f}" for n, c in cut.items()
+            )
         )
 
 
@@ -88,4 +105,8 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", default="", help="a drafter folder (default: a random 1-layer DFlash drafter)")
-    main(ap.parse_args().drafter)
+    ap.add_argument(
+        "--draft-vocab", type=int, nargs="*", default=[], metavar="N", help="draft vocabulary sizes to time"
+    )
+    args = ap.parse_args()
+    main(args.drafter, args.draft_vocab)

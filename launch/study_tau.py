@@ -22,6 +22,9 @@ skips what is there. Prints one table of tau per set and block.
 
     .venv/bin/python launch/study_tau.py --per-set 20 --blocks 4 8 16 \\
         --drafter mask=runs/mix_mask/best copy=runs/mix_copy_lr/best --out docs/bench/issue20/study_tau.jsonl
+
+``--draft-vocab N``: each drafter drafts over the first N tokens of its stored draft vocabulary
+(``draft_vocab.json``) and its prompt-lookup tokens, as the decoder does with that list.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ from anchor_acceptance import acceptance_at_anchors, simulated_rounds  # noqa: E
 from ngram_acceptance import SETS, accepted, propose  # noqa: E402
 
 
-def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int) -> list[int]:
+def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -> list[int]:
     """Acceptance lengths of the rounds of a greedy decode of ``full`` (prompt + answer) from its
-    first answer token (index ``start``) with this drafter, the last cut where ``full`` ends."""
+    first answer token (index ``start``) with this drafter (and draft vocabulary ``vocab``, token
+    ids or None), the last cut where ``full`` ends."""
     b, n = dcfg.block_size, len(full)
     tokens = np.asarray(full + [0] * b, np.int32)  # a whole block after every anchor; the padding is cut below
     mask = np.arange(len(tokens)) >= start
-    a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask)[: n - 1 - start]  # anchors start .. n-2
+    a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask, vocab=vocab)[: n - 1 - start]  # anchors start .. n-2
     return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
 
 
@@ -74,7 +78,7 @@ def main() -> None:
 
     from dflash_jax import checkpoint, prompts
     from dflash_jax.bench import drafter_fingerprint
-    from dflash_jax.drafter_io import load_drafter
+    from dflash_jax.drafter_io import load_drafter, read_draft_vocab
     from dflash_jax.tokens import chat_ids
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,6 +89,13 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--ngram", choices=("on", "off"), default="on", help="also prompt lookup (n = 4 .. 1)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per (drafter, set, prompt, block)")
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="draft over the first N tokens of each drafter's draft_vocab.json (0: all)",
+    )
     args = ap.parse_args()
     arms = {}  # label -> (params, config, fingerprint): records are keyed by the weights, not the folder
     for spec in args.drafter:
@@ -92,7 +103,14 @@ def main() -> None:
         if not sep or not label or label == "ngram" or not Path(folder).is_dir():
             sys.exit(f"--drafter {spec!r}: give label=folder with an existing folder (label not 'ngram')")
         dparams, dcfg, _ = load_drafter(folder)
-        arms[label] = (dparams, dcfg, drafter_fingerprint(dparams, dcfg))
+        vocab = None
+        if args.draft_vocab:
+            vocab = read_draft_vocab(folder)
+            if vocab is None or len(vocab) < args.draft_vocab:
+                sys.exit(f"--draft-vocab {args.draft_vocab}: {folder} stores no draft vocabulary that long")
+            vocab = vocab[: args.draft_vocab]
+        fp = drafter_fingerprint(dparams if vocab is None else {**dparams, "draft_vocab": vocab}, dcfg)
+        arms[label] = (dparams, dcfg, fp, vocab)
     ck = checkpoint.load_target("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target("smollm2-135m-instruct")))
     answers = []
@@ -119,12 +137,12 @@ def main() -> None:
             for b in args.blocks:
                 if ("ngram", "", name, pid, b) not in done:
                     record("ngram", "", name, pid, b, ngram_rounds(full, start, b))
-    for label, (dparams, dcfg, fp) in arms.items():
+    for label, (dparams, dcfg, fp, vocab) in arms.items():
         for b in args.blocks:
             params_b, cfg_b = at_block_size(dparams, dcfg, b)
             for name, pid, full, start in tqdm(answers, desc=f"{label} @{b}", leave=False):
                 if (label, fp, name, pid, b) not in done:
-                    record(label, fp, name, pid, b, drafter_rounds(ck, params_b, cfg_b, full, start))
+                    record(label, fp, name, pid, b, drafter_rounds(ck, params_b, cfg_b, full, start, vocab))
     want = {"ngram": ""} if args.ngram == "on" else {}
     print_table(args.out, args.sets, args.blocks, {**want, **{k: v[2] for k, v in arms.items()}})
 

@@ -106,7 +106,7 @@ def test_generate_cli_json(tiny_models, capsys):
 
 def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys):
     """--drafter ngram (prompt lookup, with and without --calibrate), the defaults (auto: prompt lookup
-    for a target without a shipped drafter, verify lengths auto) and a bad --verify-lengths, through
+    for a target without a shipped drafter, verify lengths auto) and a bad --verify-lengths or --draft-vocab, through
     the command line."""
     from dflash_jax.cli import main
 
@@ -120,3 +120,5 @@ def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys
     assert outs[0] == outs[1] == outs[2] == outs[3] and len(outs[0]) == 12
     with pytest.raises(SystemExit, match="--verify-lengths takes auto, full or positive numbers"):
         main([*base, "--verify-lengths", "four"])
+    with pytest.raises(SystemExit, match="--draft-vocab takes a number of tokens >= 0"):
+        main([*base, "--draft-vocab", "-1"])

@@ -108,7 +108,8 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     loads the same files (``DFlashDraftModel``, or ``DFlash2DraftModel`` for a DFlash 2 drafter) and
     gives the same tokens and per-round acceptance lengths when both draft from mask tokens (a drafter
     whose block input is the prompt-lookup continuation is a dflash-jax extension the reference does
-    not read); speculative output, as shipped, follows the floating-point rule against plain decoding."""
+    not read; nor does it read a draft vocabulary); speculative output, as shipped (draft vocabulary
+    and all), follows the floating-point rule against plain decoding."""
     import dataclasses
     import time
 
@@ -124,14 +125,16 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     assert (folder / "model.safetensors").stat().st_size < 40 * 2**20
     assert resolve_drafter("auto", ck) == str(folder)
     monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # return_stats on CPU
-    params, cfg = load_drafter("auto", ck, tok)
+    params, cfg = load_drafter("auto", ck, tok, draft_vocab=0)  # the head over the whole vocabulary
+    as_shipped = load_drafter("auto", ck, tok)  # with the draft vocabulary stored beside it
+    assert as_shipped[0]["draft_vocab"]["ids"].shape[0] >= 4096
     ref = (DFlash2DraftModel if cfg.dflash2 else DFlashDraftModel).from_pretrained(folder, dtype=torch.float32).eval()
     as_reference = (  # what the reference reads of it: mask-token blocks, no copy bias
         {k: v for k, v in params.items() if k != "copy_bias"},
         dataclasses.replace(cfg, block_input="mask", copy_bias=None),
     )
     dec = Decoder(ck.params, ck.cfg, drafter=as_reference, block_size=16)
-    shipped = Decoder(ck.params, ck.cfg, drafter=(params, cfg), block_size=16)
+    shipped = Decoder(ck.params, ck.cfg, drafter=as_shipped, block_size=16)
     plain = Decoder(ck.params, ck.cfg)
     stops = stop_ids(tok)
     for text in eval_prompts(2):
