@@ -37,26 +37,27 @@ def answer_tokens(shard: Path) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", type=Path, help="a prepare-data folder (shard_*/tokens.npy, loss_mask.npy)")
+    ap.add_argument("data", type=Path, help="a prepare-data folder (shard_*/ or itself tokens.npy, loss_mask.npy)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     ap.add_argument("--write", type=Path, metavar="DRAFTER", help="store a draft vocabulary with this drafter folder")
     ap.add_argument("--size", type=int, default=16384, help="how many tokens --write stores (default 16384)")
     args = ap.parse_args()
-    shards = sorted(args.data.glob("shard_*"))
-    if len(shards) < 2:
+    shards = sorted(args.data.glob("shard_*")) or ([args.data] if (args.data / "tokens.npy").exists() else [])
+    if len(shards) < (1 if args.write else 2):
         raise SystemExit(f"{args.data}: need 2 or more shards (the first is held out), found {len(shards)}")
-    held = answer_tokens(shards[0])
-    train = np.concatenate([answer_tokens(s) for s in shards[1:]])
-    by_count = np.argsort(-np.bincount(train), kind="stable")
-    print(f"answer tokens: {train.size} counted on shards 1..{len(shards) - 1}, {held.size} held out (shard 0)")
-    print("| N | first N ids | N most frequent (held out) | N most frequent (in sample) |")
-    print("|---|---|---|---|")
-    for n in args.sizes:
-        top = by_count[:n]
-        shares = (np.mean(held < n), np.mean(np.isin(held, top)), np.mean(np.isin(train, top)))
-        print(f"| {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
+    answers = [answer_tokens(s) for s in shards]
+    if len(shards) > 1:  # the coverage table: counted on shards 1.., measured on shard 0
+        held, train = answers[0], np.concatenate(answers[1:])
+        by_count = np.argsort(-np.bincount(train), kind="stable")
+        print(f"answer tokens: {train.size} counted on shards 1..{len(shards) - 1}, {held.size} held out (shard 0)")
+        print("| N | first N ids | N most frequent (held out) | N most frequent (in sample) |")
+        print("|---|---|---|---|")
+        for n in args.sizes:
+            top = by_count[:n]
+            shares = (np.mean(held < n), np.mean(np.isin(held, top)), np.mean(np.isin(train, top)))
+            print(f"| {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     if args.write:
-        counts = np.bincount(np.concatenate([held, train]), minlength=args.size)
+        counts = np.bincount(np.concatenate(answers), minlength=args.size)
         # the counted tokens by count, then (past the tokens ever counted) the rest in token-id order,
         # which is BPE merge order: a rough frequency order of the tokenizer's own corpus
         ids = np.argsort(-counts, kind="stable")[: args.size]

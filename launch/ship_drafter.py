@@ -82,6 +82,13 @@ def main() -> None:
         "init_from, e.g. the folder being replaced: its steps, hours and reproduction commands are "
         "carried into the summary and the README",
     )
+    ap.add_argument(
+        "--draft-vocab",
+        default="",
+        metavar="DATA",
+        help="also store a draft vocabulary (launch/draft_vocab.py --write) counted on this prepare-data folder's answers",
+    )
+    ap.add_argument("--draft-vocab-size", type=int, default=8192, help="its length (default 8192)")
     args = ap.parse_args()
 
     from dflash_jax.drafter_io import export_released, load_drafter
@@ -151,6 +158,9 @@ def main() -> None:
             ],
             check=True,
         )
+        if args.draft_vocab:
+            script = [str(ROOT / "launch" / "draft_vocab.py"), args.draft_vocab, "--sizes", str(args.draft_vocab_size)]
+            subprocess.run([sys.executable, *script, "--write", str(tmp), "--size", str(args.draft_vocab_size)], check=True)
         kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")
         extras = ""
         if cfg.dflash2:
@@ -178,12 +188,22 @@ def main() -> None:
             + (f": {info['total_steps']} steps, {info['total_train_hours']} h in all" if stages else "")
             + f"; shipped: `{args.which}` ({shipped_at}).\n\n"
             f"- `train_config.json`: the run's full config\n- `training_summary.json`: losses, per-offset "
-            f"accuracy, validation tau\n- `loss.png`: the curves (of the last stage)\n\n"
+            f"accuracy, validation tau\n- `loss.png`: the curves (of the last stage)\n"
+            + (
+                f"- `draft_vocab.json`: the draft vocabulary, the {args.draft_vocab_size} tokens dflash-jax lets "
+                "it propose (the most frequent answer tokens, plus each offset's prompt-lookup token whatever "
+                "the list): its LM head then costs a fraction of the full one; `--draft-vocab 0` drafts over "
+                "the whole vocabulary; `dflash` ignores the file\n"
+                if args.draft_vocab
+                else ""
+            )
+            + "\n"
             f"## Reproduce\n\n```bash\n"
             + (f"# before: how {args.continues} was made\n{before_commands}# then:\n" if before_commands else "")
             + "".join(f"{c}\n" for c in (args.data_command, args.command) if c)
             + f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
             + (f" --continues {args.continues}" if args.continues else "")
+            + (f" --draft-vocab {args.draft_vocab} --draft-vocab-size {args.draft_vocab_size}" if args.draft_vocab else "")
             + "".join(f" --earlier-stage {x['run']}" for x in stages if not x["run"].endswith("as shipped before"))
             + "\n```\n"
             "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n"

@@ -342,7 +342,7 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     record, and an earlier stage counted in the summary and the README."""
     from dflash_jax.drafter_io import load_drafter
 
-    _, _, out, trainer, _ = trained
+    _, folder, out, trainer, _ = trained
     ship = [
         sys.executable,
         str(ROOT / "launch" / "ship_drafter.py"),
@@ -378,8 +378,18 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
     # a stage continuing a shipped folder: its steps, hours and commands carried on
     c = tmp_path / "c"
-    r = subprocess.run(ship[:4] + [str(c), "--command", "NEXT", "--continues", str(a)], capture_output=True, text=True)
+    vocab = ["--draft-vocab", str(folder), "--draft-vocab-size", "40"]  # and a draft vocabulary counted on the data
+    r = subprocess.run(
+        ship[:4] + [str(c), "--command", "NEXT", "--continues", str(a), *vocab], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr[-2000:]
+    from dflash_jax.drafter_io import read_draft_vocab
+
+    ids = read_draft_vocab(c)
+    ds = data.TokenDataset(folder)
+    answers = np.concatenate([t[m.astype(bool)] for t, m in (ds[i] for i in range(len(ds)))])
+    assert len(ids) == 40 and np.bincount(answers).argmax() == ids[0]  # the most frequent answer token first
+    assert "draft_vocab.json" in (c / "README.md").read_text()
     info_c = json.loads((c / "training_summary.json").read_text())
     assert info_c["total_steps"] == 1500 and info_c["earlier_stages"][0]["run"] == f"{a} as shipped before"
     readme_c = (c / "README.md").read_text()
