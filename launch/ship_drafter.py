@@ -86,7 +86,8 @@ def main() -> None:
         "--draft-vocab",
         default="",
         metavar="DATA",
-        help="also store a draft vocabulary (launch/draft_vocab.py --write) counted on this prepare-data folder's answers",
+        help="also store a draft vocabulary (launch/draft_vocab.py --write) counted on this prepare-data "
+        "folder's answers",
     )
     ap.add_argument("--draft-vocab-size", type=int, default=8192, help="its length (default 8192)")
     args = ap.parse_args()
@@ -159,8 +160,9 @@ def main() -> None:
             check=True,
         )
         if args.draft_vocab:
-            script = [str(ROOT / "launch" / "draft_vocab.py"), args.draft_vocab, "--sizes", str(args.draft_vocab_size)]
-            subprocess.run([sys.executable, *script, "--write", str(tmp), "--size", str(args.draft_vocab_size)], check=True)
+            size = str(args.draft_vocab_size)
+            script = [str(ROOT / "launch" / "draft_vocab.py"), args.draft_vocab, "--sizes", size]
+            subprocess.run([sys.executable, *script, "--write", str(tmp), "--size", size], check=True)
         kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")
         extras = ""
         if cfg.dflash2:
@@ -198,12 +200,16 @@ def main() -> None:
                 else ""
             )
             + "\n"
-            f"## Reproduce\n\n```bash\n"
+            "## Reproduce\n\n```bash\n"
             + (f"# before: how {args.continues} was made\n{before_commands}# then:\n" if before_commands else "")
             + "".join(f"{c}\n" for c in (args.data_command, args.command) if c)
             + f".venv/bin/python launch/ship_drafter.py {run} --out {out} --which {args.which}"
             + (f" --continues {args.continues}" if args.continues else "")
-            + (f" --draft-vocab {args.draft_vocab} --draft-vocab-size {args.draft_vocab_size}" if args.draft_vocab else "")
+            + (
+                f" --draft-vocab {args.draft_vocab} --draft-vocab-size {args.draft_vocab_size}"
+                if args.draft_vocab
+                else ""
+            )
             + "".join(f" --earlier-stage {x['run']}" for x in stages if not x["run"].endswith("as shipped before"))
             + "\n```\n"
             "\nMeasured tau and speedup: `docs/BENCHMARKS.md`.\n"
