@@ -777,7 +777,9 @@ def selector_scores(params, hidden: Array, unary: Array, candidates: Array, pred
     return unary + jnp.einsum("...r,...kr->...k", query, keys)
 
 
-def select(params, cfg: DrafterConfig, hidden: Array, scores: DraftScores, anchor: Array, temperature: float, key=None):
+def select(
+    params, cfg: DrafterConfig, hidden: Array, scores: DraftScores | Array, anchor: Array, temperature: float, key=None
+):
     """DFlash 2's left-to-right walk over each block's candidates (SPEC "DFlash 2" 2; the
     reference's ``CandidateSelector.select``): at offset j the predecessor is the anchor (j = 1)
     or the token chosen at j - 1; greedy (``temperature == 0``) takes the best score, sampling draws
@@ -785,8 +787,9 @@ def select(params, cfg: DrafterConfig, hidden: Array, scores: DraftScores, ancho
 
     Args:
       hidden: ``[B, K, d]`` the drafter's final hidden states at offsets 1..K.
-      scores: the head's logits there (``draft_scores``; the candidates are the top columns, read
-        as tokens through ``scores.tokens``).
+      scores: the head's logits there: ``DraftScores`` (``draft_scores``; the candidates are its top
+        columns, read as tokens through ``scores.tokens``), or logits ``[B, K, V]`` over the whole
+        vocabulary.
       anchor: int32 ``[B]``.
       key: typed PRNG keys ``[B]``, one per row (sampling only); row b draws offset j with
         ``fold_in(key[b], j)``, so a row's draft never depends on the rest of the batch.
@@ -797,6 +800,7 @@ def select(params, cfg: DrafterConfig, hidden: Array, scores: DraftScores, ancho
       token was drawn from, which the verify's rejection rule uses, 0 outside the candidates;
       greedy: the softmax of the scores, read as the walk's confidence).
     """
+    scores = scores if isinstance(scores, DraftScores) else DraftScores(jnp.asarray(scores))
     unary, columns = selector_candidates(scores.logits, cfg)
     candidates = scores.tokens(columns)
 

@@ -38,7 +38,7 @@ def acceptance_at_anchors(ck, dparams, dcfg, tokens: np.ndarray, loss_mask: np.n
     toks = jnp.asarray(np.pad(tokens, (0, padded - t))[None])
     context, guesses = _compiled(ck.cfg, dcfg)
     ctx = context(ck.params, dparams, toks)
-    allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
+    allowed = None if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
     first = int(np.argmax(loss_mask))
     anchors = list(range(first, t - b + 1))
     out = []
@@ -68,13 +68,13 @@ def _compiled(tcfg, dcfg):
         return loss.context_kv(dparams, feats, dcfg)
 
     @jax.jit
-    def guesses(dparams, target_params, ctx, toks, pos, valid, allowed):
+    def guesses(dparams, target_params, ctx, toks, pos, valid, allowed=None):
         anchors = loss.Anchors(pos, valid)
         logits, hidden = loss.block_logits(
             dparams, target_params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg, with_hidden=True
         )
-        keep = allowed  # [V]: the draft vocabulary, then each offset's prompt-lookup token (its copy column)
-        if dcfg.copy_bias is not None:
+        logits, keep = logits[0], allowed  # keep [V]: the draft vocabulary (None: every token) ...
+        if allowed is not None and dcfg.copy_bias is not None:  # ... and each offset's prompt-lookup token
             bs, k = dcfg.block_size, logits.shape[-2]
             context = jnp.repeat(jnp.pad(toks, ((0, 0), (0, bs))), pos.shape[1], axis=0)
             block, num, _ = block_inputs(dcfg, toks[0, pos[0]], pos[0], bs, context)
@@ -82,7 +82,7 @@ def _compiled(tcfg, dcfg):
                 block[:, 1 : k + 1, None] == jnp.arange(logits.shape[-1])
             )
             keep = keep | copy
-        logits = jnp.where(keep, logits[0], -jnp.inf)
+        logits = logits if keep is None else jnp.where(keep, logits, -jnp.inf)
         if dcfg.dflash2:  # the selector's greedy walk from each anchor, as DraftStep.draft
             return select(dparams, dcfg, hidden[0], DraftScores(logits), toks[0, pos[0]], 0.0)[0]
         return jnp.argmax(logits, -1)  # [chunk, B - 1]

@@ -216,11 +216,12 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
     """launch/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
     acceptance are the decoder's rounds on the same answer (the target's own greedy answer); and
     launch/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
-    drafter and for prompt lookup."""
+    drafter (over the whole vocabulary and over a draft vocabulary) and for prompt lookup."""
     sys.path.insert(0, str(ROOT / "launch"))
     from anchor_acceptance import acceptance_at_anchors, simulated_rounds
     from study_tau import drafter_rounds, ngram_rounds
 
+    from dflash_jax.drafter import with_draft_vocab
     from dflash_jax.ngram import NgramStep
 
     ck, folder, out, trainer, _ = trained
@@ -228,7 +229,9 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
     dec = Decoder(ck.params, ck.cfg, drafter=(trainer.params, trainer.dcfg))
     bs = trainer.dcfg.block_size
     lookup = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=bs))
-    compared = 0
+    ids = np.arange(0, ck.cfg.vocab_size, 2)  # the even tokens
+    cut = Decoder(ck.params, ck.cfg, drafter=(with_draft_vocab(trainer.params, ids, ck.params, ck.cfg), trainer.dcfg))
+    compared = changed = 0
     for j in trainer.val_idx[:4]:
         tokens, mask = ds[int(j)]
         tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
@@ -243,7 +246,11 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
         assert drafter_rounds(ck, trainer.params, trainer.dcfg, full, first) == got.acceptance_lengths
         want = lookup.generate([full[:first]], len(full) - first)[0].acceptance_lengths
         assert ngram_rounds(full, first, bs) == want
-    assert compared >= 8
+        # over a draft vocabulary (study_tau.py --draft-vocab): the decoder's rounds with that list
+        got_cut = cut.generate([full[:first]], len(full) - first)[0]
+        assert drafter_rounds(ck, trainer.params, trainer.dcfg, full, first, vocab=ids) == got_cut.acceptance_lengths
+        changed += got_cut.acceptance_lengths != got.acceptance_lengths
+    assert compared >= 8 and changed  # the list cut some accepted drafts
 
 
 def test_study_tau_runs_a_copy_bias_drafter_at_a_smaller_block(tiny):
