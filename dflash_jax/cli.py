@@ -737,8 +737,8 @@ def cmd_demo(args) -> None:
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
         "on this machine (on a 2-core CPU a 16-token verify costs 2-2.6 plain steps and the shipped drafter's "
-        "forward about 0.65 more, so there the defaults draft by prompt lookup alone); docs/BENCHMARKS.md has "
-        "the tables"
+        "forward about 0.25 more over its draft vocabulary: there prompt lookup alone was the faster default on 3 "
+        "of the 5 benchmark sets, so the defaults draft by it); docs/BENCHMARKS.md has the tables"
     )
 
 
