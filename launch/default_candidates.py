@@ -10,6 +10,7 @@ without); and the shipped drafter beside prompt lookup (``HybridStep``: prompt l
 last ``m`` tokens occurred before, the drafter's forward skipped there) for m = 2, 3.
 
     .venv/bin/python launch/default_candidates.py --per-set 2
+    .venv/bin/python launch/default_candidates.py --per-set 8 --only "prompt lookup" "hybrid m=2 @16"
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--per-set", type=int, default=2, help="first turns per set")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--draft-vocab", type=int, default=None, help="as dflash-jax generate's (default: the stored list)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME", help="time only these candidates (and plain)")
     args = ap.parse_args()
 
     from dflash_jax import checkpoint, prompts
@@ -54,6 +56,11 @@ def main() -> None:
     for m in (2, 3):
         hybrid = HybridStep(alone[1], NgramStep(4, 1, dcfg.block_size, confidence=NGRAM_CONFIDENCE), m)
         candidates[f"hybrid m={m} @16"] = Decoder(ck.params, ck.cfg, drafter=(params, hybrid), verify_lengths="auto")
+    if args.only:
+        unknown = set(args.only) - set(candidates)
+        if unknown:
+            sys.exit(f"--only: unknown candidates {sorted(unknown)}; choose from {sorted(candidates)}")
+        candidates = {k: v for k, v in candidates.items() if k == "plain" or k in args.only}
     items = [(s, p) for s in SETS for p in prompts.load_eval_prompts(s, max_turns=1)[: args.per_set]]
     ids = [encode(tok, p.turns[0], chat=True) for _, p in items]
     for dec in candidates.values():
