@@ -759,8 +759,10 @@ def block_embeddings(tokens: Array, target_params, target_cfg: TargetConfig, cfg
 
 def selector_candidates(logits: Array, cfg: DrafterConfig) -> tuple[Array, Array]:
     """DFlash 2's candidates: the unary scores and tokens of the head's top ``selector_top_k`` per
-    offset, ``([..., K, k] float32, [..., K, k] int32)`` from ``logits [..., K, V]`` (SPEC "DFlash 2" 2)."""
-    unary, candidates = jax.lax.top_k(logits.astype(jnp.float32), cfg.selector_top_k)
+    offset, ``([..., K, k] float32, [..., K, k] int32)`` from ``logits [..., K, V]`` (SPEC "DFlash 2" 2;
+    ``k = min(selector_top_k, V)``: a draft vocabulary may hold fewer tokens than ``selector_top_k``)."""
+    k = min(cfg.selector_top_k, logits.shape[-1])
+    unary, candidates = jax.lax.top_k(logits.astype(jnp.float32), k)
     return unary, candidates.astype(jnp.int32)
 
 
@@ -950,7 +952,9 @@ class DraftStep:
         dense = jnp.zeros((*draft.shape, self.cfg.vocab_size), jnp.float32)
         b, k = jnp.indices(candidates.shape[:2])
         conf = jnp.max(jax.nn.softmax(scores.logits / temperature, axis=-1), axis=-1)
-        return draft, dense.at[b[..., None], k[..., None], candidates].set(q), None, conf
+        # add, not set: with a draft vocabulary shorter than selector_top_k, -inf columns (q = 0) can
+        # name a token another candidate names too
+        return draft, dense.at[b[..., None], k[..., None], candidates].add(q), None, conf
 
 
 def check_fits(

@@ -133,10 +133,15 @@ def test_the_copy_column_drafts_prompt_lookup_whatever_the_list(target):  # noqa
     assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 10
 
 
-@pytest.mark.parametrize("dflash2", [False, True], ids=["dflash", "dflash2"])
-def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2):  # noqa: F811
+@pytest.mark.parametrize(
+    "dflash2, ids",
+    [(False, [1, 2, 5, 6, 7]), (True, [1, 2, 5, 6, 7]), (True, [2, 5])],
+    ids=["dflash", "dflash2", "dflash2-fewer-than-top-k"],
+)
+def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2, ids):  # noqa: F811
     """q is the distribution drawn from, on the list only (DFlash: the head's softmax over it;
-    DFlash 2: the selector walk over the top candidates among it), so the rejection rule stays exact."""
+    DFlash 2: the selector walk over the top candidates among it, all of them when the list is
+    shorter than ``selector_top_k``), so the rejection rule stays exact."""
     cfg, params = tiny
     s = Sampling(0.8)
     dcfg = DrafterConfig.for_target(
@@ -144,7 +149,7 @@ def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2): 
     )
     rs = np.random.RandomState(3)
     dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), init_drafter_params(dcfg))
-    dparams = with_draft_vocab(dparams, [1, 2, 5, 6, 7], params, cfg)  # 5 of the 8 tokens
+    dparams = with_draft_vocab(dparams, ids, params, cfg)  # some of the 8 tokens
     dec = Decoder(params, cfg, drafter=(dparams, DraftStep(dcfg, cfg)), sampling=s)
     counts, multi = sampled_joint(dec)
     assert multi > 0  # drafts were accepted
