@@ -90,7 +90,8 @@ def _add_speculation(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the DFlash drafter proposes only the first N tokens of the draft vocabulary stored with it "
         "(draft_vocab.json, most frequent answer tokens first; its head then costs N/vocab of the full one), "
-        "0 = the whole vocabulary; default: the stored list, whole, if the drafter has one. Lossless either way",
+        "0 = the whole vocabulary; default: the stored list, whole, if the drafter has one (no effect where no "
+        "DFlash drafter runs: prompt lookup alone, plain). Lossless either way",
     )
     p.add_argument(
         "--calibrate",

@@ -735,7 +735,7 @@ def draft_scores(
     if vocab is None:
         logits = draft_logits(hidden, target_params, target_cfg, cfg)
         return DraftScores(copy_prior(logits, params, cfg, block, num, matched))
-    dt = cfg.compute_dtype
+    dt = target_cfg.compute_dtype  # as ``Target.logits`` runs the head over the whole vocabulary
     head = jnp.asarray(vocab["head"]).astype(dt)
     sub = _scale_logits(jnp.matmul(hidden.astype(dt), head, preferred_element_type=jnp.float32), cfg)
     if cfg.copy_bias is None:

@@ -182,12 +182,17 @@ def write_draft_vocab(folder: str | Path, ids, **meta) -> Path:
 
     Raises:
       CheckpointError: ``folder`` is not a drafter folder.
+      ValueError: ids empty, repeated, negative or past the drafter's ``vocab_size``.
     """
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} is not a drafter folder (no config.json); pass the drafter's folder")
+    ids = [int(i) for i in ids]
+    vocab = read_json(folder / "config.json").get("vocab_size")
+    if not ids or min(ids) < 0 or (vocab and max(ids) >= vocab) or len(set(ids)) != len(ids):
+        raise ValueError(f"a draft vocabulary is distinct token ids in [0, {vocab}); got {len(ids)} ids")
     path = folder / DRAFT_VOCAB_FILE
-    atomic_write_text(path, json.dumps({"ids": [int(i) for i in ids], **meta}))
+    atomic_write_text(path, json.dumps({"ids": ids, **meta}))
     return path
 
 
@@ -200,9 +205,13 @@ def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
     path = Path(folder) / DRAFT_VOCAB_FILE
     if not path.exists():
         return None
-    ids = read_json(path).get("ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-        raise CheckpointError(f"{path} holds no list of token ids under 'ids'; rewrite it with launch/draft_vocab.py")
+    raw = read_json(path)
+    ids = raw.get("ids") if isinstance(raw, dict) else None
+    ok = isinstance(ids, list) and ids and all(type(i) is int and 0 <= i < 2**31 for i in ids)
+    if not ok:
+        raise CheckpointError(
+            f"{path} holds no list of token ids (integers >= 0) under 'ids'; rewrite it with launch/draft_vocab.py"
+        )
     return np.asarray(ids, np.int32)
 
 
@@ -218,13 +227,18 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
 
     Raises:
       ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
-        ids, or another target's identity), or ``draft_vocab`` asks for more tokens than stored.
+        ids, or another target's identity), or ``draft_vocab`` is negative, not a whole number, or
+        asks for more tokens than stored (or for any with a random drafter).
       CheckpointError: not a drafter folder, or a damaged one.
     """
+    if draft_vocab is not None and (type(draft_vocab) is not int or draft_vocab < 0):
+        raise ConfigError(f"draft_vocab takes a number of tokens >= 0 (0: the whole vocabulary); got {draft_vocab!r}")
     spec = resolve_drafter(spec, ck)
     if spec == "none":
         return None
     if spec == "random":
+        if draft_vocab:
+            raise ConfigError("--draft-vocab: a random drafter has no draft vocabulary; pass a drafter folder")
         cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=mask_token_id(tok))
         return init_drafter_params(cfg, seed), cfg
     params, cfg, identity = load_drafter(spec)

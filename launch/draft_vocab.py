@@ -19,6 +19,7 @@ that drafter's draft vocabulary (``draft_vocab.json``, read by
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -57,7 +58,13 @@ def main() -> None:
             shares = (np.mean(held < n), np.mean(np.isin(held, top)), np.mean(np.isin(train, top)))
             print(f"| {n} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     if args.write:
-        counts = np.bincount(np.concatenate(answers), minlength=args.size)
+        config = args.write / "config.json"
+        vocab = json.loads(config.read_text()).get("vocab_size", 0) if config.is_file() else 0
+        if not vocab:
+            raise SystemExit(f"--write {args.write}: not a drafter folder (no config.json with vocab_size)")
+        if args.size > vocab:
+            raise SystemExit(f"--size {args.size}: the drafter's vocabulary has {vocab} tokens; pass at most that")
+        counts = np.bincount(np.concatenate(answers), minlength=vocab)[:vocab]
         # the counted tokens by count, then (past the tokens ever counted) the rest in token-id order,
         # which is BPE merge order: a rough frequency order of the tokenizer's own corpus
         ids = np.argsort(-counts, kind="stable")[: args.size]

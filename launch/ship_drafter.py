@@ -160,7 +160,7 @@ def main() -> None:
             check=True,
         )
         if args.draft_vocab:
-            size = str(args.draft_vocab_size)
+            size = str(min(args.draft_vocab_size, cfg.vocab_size))
             script = [str(ROOT / "launch" / "draft_vocab.py"), args.draft_vocab, "--sizes", size]
             subprocess.run([sys.executable, *script, "--write", str(tmp), "--size", size], check=True)
         kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")

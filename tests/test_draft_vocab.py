@@ -7,6 +7,8 @@ list travels with the drafter folder (``draft_vocab.json``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,13 +53,17 @@ def _copy_bias_case(tgt, seed=0):
     return dcfg, params, hidden, jnp.asarray(block), jnp.asarray(num), jnp.asarray(matched)
 
 
-@pytest.mark.parametrize("copy_bias", [True, False])
-def test_the_whole_vocabulary_as_the_list_scores_as_the_full_head(target, copy_bias):  # noqa: F811
+@pytest.mark.parametrize("copy_bias, dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
+def test_the_whole_vocabulary_as_the_list_scores_as_the_full_head(target, copy_bias, dtype):  # noqa: F811
+    """... in the target's compute dtype, as ``Target.logits`` runs the full head, whatever the
+    drafter's (a bfloat16 drafter's hidden states, a float32 target)."""
     tgt, _ = target
     dcfg, params, hidden, block, num, matched = _copy_bias_case(tgt)
     if not copy_bias:
         dcfg = DrafterConfig.for_target(tgt.cfg, 1, 6, 3)
         params = init_drafter_params(dcfg)
+    dcfg = dataclasses.replace(dcfg, dtype=dtype)
+    hidden = hidden.astype(dcfg.compute_dtype)
     full = draft_scores(hidden, params, tgt.params, tgt.cfg, dcfg, block, num, matched)
     perm = np.random.RandomState(1).permutation(VG)  # any order
     cut = draft_scores(
@@ -133,20 +139,23 @@ def test_the_copy_column_drafts_prompt_lookup_whatever_the_list(target):  # noqa
     assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 10
 
 
+COPY = dict(block_input="ngram", ngram_max=2, copy_bias=2.0)
+
+
 @pytest.mark.parametrize(
-    "dflash2, ids",
-    [(False, [1, 2, 5, 6, 7]), (True, [1, 2, 5, 6, 7]), (True, [2, 5])],
-    ids=["dflash", "dflash2", "dflash2-fewer-than-top-k"],
+    "dflash2, ids, copy",
+    [(False, [1, 2, 5, 6, 7], False), (True, [1, 2, 5, 6, 7], False), (True, [5], True)],
+    ids=["dflash", "dflash2", "dflash2-copy-fewer-than-top-k"],
 )
-def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2, ids):  # noqa: F811
+def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2, ids, copy):  # noqa: F811
     """q is the distribution drawn from, on the list only (DFlash: the head's softmax over it;
-    DFlash 2: the selector walk over the top candidates among it, all of them when the list is
-    shorter than ``selector_top_k``), so the rejection rule stays exact."""
+    DFlash 2: the selector walk over the top candidates among it, all of them when the list and
+    the copy column hold fewer than ``selector_top_k``: then a -inf candidate, q 0, can name the
+    same token as a real one, and q must still sum per token), so the rejection rule stays exact."""
     cfg, params = tiny
     s = Sampling(0.8)
-    dcfg = DrafterConfig.for_target(
-        cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,), **(DFLASH2 if dflash2 else {})
-    )
+    kw = {**(DFLASH2 if dflash2 else {}), **(COPY if copy else {})}
+    dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,), **kw)
     rs = np.random.RandomState(3)
     dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), init_drafter_params(dcfg))
     dparams = with_draft_vocab(dparams, ids, params, cfg)  # some of the 8 tokens
@@ -190,6 +199,15 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
 
     assert _describe((params, hybrid)) == "DFlash over 3 tokens + prompt lookup"
     assert _describe(speculation_for(str(folder), ck, tok, prompt_lookup=False)) == "DFlash over 4 tokens alone"
-    (folder / DRAFT_VOCAB_FILE).write_text('{"ids": "oops"}')
-    with pytest.raises(CheckpointError, match="no list of token ids"):
-        read_draft_vocab(folder)
+    for bad in ('{"ids": "oops"}', "[1, 2, 3]", '{"ids": [true, 7]}', '{"ids": [5, 99999999999]}'):
+        (folder / DRAFT_VOCAB_FILE).write_text(bad)
+        with pytest.raises(CheckpointError, match="no list of token ids"):
+            read_draft_vocab(folder)
+    for ids in ([1, 1], [-1], [ck.cfg.vocab_size], []):
+        with pytest.raises(ValueError, match="distinct token ids"):
+            write_draft_vocab(folder, ids)
+    for n in (-1, 2.5):
+        with pytest.raises(ConfigError, match="a number of tokens >= 0"):
+            drafter_for(str(folder), ck, tok, draft_vocab=n)
+    with pytest.raises(ConfigError, match="random drafter has no draft vocabulary"):
+        drafter_for("random", ck, tok, draft_vocab=5)
