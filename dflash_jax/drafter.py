@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from dflash_jax import masks
@@ -371,12 +372,18 @@ def copy_prior(logits: Array, params, cfg: DrafterConfig, block: Array, num: Arr
     if cfg.copy_bias is None:
         return logits
     k = logits.shape[-2]
-    table = params["copy_bias"]  # [ngram_max, block_size - 1]
-    offsets = jnp.arange(k)
-    bonus = table[jnp.maximum(matched - 1, 0)[..., None], offsets]  # [..., K]
-    bonus = jnp.where(offsets < num[..., None], bonus, 0.0)
+    bonus, proposed = copy_bonus(params, num, matched, k)
     hit = jnp.arange(logits.shape[-1]) == block[..., 1 : k + 1, None]
-    return logits + jnp.where(hit, bonus[..., None], 0.0).astype(logits.dtype)
+    return logits + jnp.where(hit, jnp.where(proposed, bonus, 0.0)[..., None], 0.0).astype(logits.dtype)
+
+
+def copy_bonus(params, num: Array, matched: Array, k: int) -> tuple[Array, Array]:
+    """The copy bias's bonus at offsets ``1 .. k``, ``copy_bias[matched - 1, offset - 1]`` float32
+    ``[..., k]``, and where it applies, bool ``[..., k]`` (offsets ``<= num``, those holding a
+    proposed n-gram token); ``num``, ``matched``: int ``[...]`` (``block_inputs``)."""
+    offsets = jnp.arange(k)
+    bonus = params["copy_bias"][jnp.maximum(matched - 1, 0)[..., None], offsets]  # table [ngram_max, block_size - 1]
+    return bonus, offsets < num[..., None]
 
 
 class DrafterAttention(nn.Module):
@@ -669,16 +676,29 @@ def with_draft_vocab(params, ids, target_params, target_cfg: TargetConfig):
     Raises:
       ValueError: ``ids`` empty, not 1-D, repeated or out of range.
     """
-    ids = jnp.asarray(ids)
-    vocab = target_cfg.vocab_size
-    if ids.ndim != 1 or ids.size == 0 or not jnp.issubdtype(ids.dtype, jnp.integer):
-        raise ValueError(f"a draft vocabulary is a non-empty list of token ids; got shape {ids.shape} {ids.dtype}")
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}")
-    if len(set(ids.tolist())) != ids.size:
-        raise ValueError("draft vocabulary ids repeat; each token may appear once")
-    ids = ids.astype(jnp.int32)
+    ids = jnp.asarray(check_draft_vocab(ids, target_cfg.vocab_size))
     return {**params, DRAFT_VOCAB: {"ids": ids, "head": head_columns(target_params, target_cfg, ids).T}}
+
+
+def check_draft_vocab(ids, vocab_size: int | None) -> np.ndarray:
+    """``ids`` as int32 ``[N]`` if they make a draft vocabulary: a non-empty 1-D list of distinct
+    integers in ``[0, vocab_size)`` (no upper bound when ``vocab_size`` is None).
+
+    Raises:
+      ValueError: naming what is wrong.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"a draft vocabulary is a non-empty list of distinct token ids; got shape {ids.shape} {ids.dtype}"
+        )
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        raise ValueError(
+            f"a draft vocabulary is distinct token ids that lie in [0, {vocab_size}); got {ids.min()}..{ids.max()}"
+        )
+    if np.unique(ids).size != ids.size:
+        raise ValueError("a draft vocabulary is distinct token ids; these repeat")
+    return ids.astype(np.int32)
 
 
 def _model_params(params):
@@ -744,9 +764,7 @@ def draft_scores(
     copy = block[..., 1 : k + 1]  # [B, K]: the proposed token where offset < num, else the mask token
     w = head_columns(target_params, target_cfg, copy).astype(dt)  # [B, K, d]
     own = _scale_logits(jnp.einsum("bkd,bkd->bk", hidden.astype(dt), w, preferred_element_type=jnp.float32), cfg)
-    offsets = jnp.arange(k)
-    bonus = params["copy_bias"][jnp.maximum(matched - 1, 0)[:, None], offsets]  # [B, K]
-    has = offsets < num[:, None]
+    bonus, has = copy_bonus(params, num, matched, k)  # [B, K] each
     sub = jnp.where(has[..., None] & (vocab["ids"] == copy[..., None]), -jnp.inf, sub)
     column = jnp.where(has, own + bonus, -jnp.inf)
     return DraftScores(jnp.concatenate([sub, column[..., None]], axis=-1), vocab["ids"], copy)

@@ -27,6 +27,7 @@ from dflash_jax.checkpoint import TargetCheckpoint, restore_params
 from dflash_jax.drafter import (
     DrafterConfig,
     DraftStep,
+    check_draft_vocab,
     check_fits,
     drafter_param_shapes,
     init_drafter_params,
@@ -187,12 +188,9 @@ def write_draft_vocab(folder: str | Path, ids, **meta) -> Path:
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} is not a drafter folder (no config.json); pass the drafter's folder")
-    ids = [int(i) for i in ids]
-    vocab = read_json(folder / "config.json").get("vocab_size")
-    if not ids or min(ids) < 0 or (vocab and max(ids) >= vocab) or len(set(ids)) != len(ids):
-        raise ValueError(f"a draft vocabulary is distinct token ids in [0, {vocab}); got {len(ids)} ids")
+    ids = check_draft_vocab(list(ids), read_json(folder / "config.json").get("vocab_size"))
     path = folder / DRAFT_VOCAB_FILE
-    atomic_write_text(path, json.dumps({"ids": ids, **meta}))
+    atomic_write_text(path, json.dumps({"ids": ids.tolist(), **meta}))
     return path
 
 
@@ -243,6 +241,8 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         return init_drafter_params(cfg, seed), cfg
     params, cfg, identity = load_drafter(spec)
     check_fits(cfg, ck.cfg, identity, ck.identity)
+    if draft_vocab == 0:  # the head over the whole vocabulary
+        return params, cfg
     ids = read_draft_vocab(spec)
     if draft_vocab:
         if ids is None or draft_vocab > len(ids):
@@ -252,7 +252,7 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
                 " vocabulary (launch/draft_vocab.py writes a longer list)"
             )
         ids = ids[:draft_vocab]
-    if ids is not None and draft_vocab != 0:
+    if ids is not None:
         try:
             params = with_draft_vocab(params, ids, ck.params, ck.cfg)
         except ValueError as e:
