@@ -186,12 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--drafter",
         default="auto",
-        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (on an accelerator the "
-        "drafter shipped in assets/ for this target; on a CPU, or with none shipped, prompt lookup alone), "
+        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped in assets/ "
+        "for this target; on a CPU beside prompt lookup at block 8; with none shipped, prompt lookup alone), "
         "'ngram' (prompt lookup alone), 'random' "
         "(freshly initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)",
     )
-    g.add_argument("--block-size", type=int, default=None, help="speculative block size (default: the drafter's)")
+    g.add_argument(
+        "--block-size", type=int, default=None, help="speculative block size (default: the drafter's; auto on a CPU: 8)"
+    )
     _add_speculation(g)
     g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
     _add_sampling(g)
@@ -345,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         choices=["on", "off"],
         help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup and "
-        "--verify-lengths (with --drafter auto on a CPU: prompt lookup alone)",
+        "--verify-lengths (with --drafter auto on a CPU: the shipped drafter beside prompt lookup at block 8)",
     )
 
     d = sub.add_parser(
@@ -634,8 +636,9 @@ def cmd_bench(args) -> None:
             spec["default"] = Decoder(
                 ck.params,
                 ck.cfg,
-                # --drafter as given: 'auto' is generate's default (on a CPU prompt lookup alone,
-                # not the shipped drafter that the DFlash rows measure), a folder is that drafter
+                # --drafter as given: 'auto' is generate's default (on a CPU the shipped drafter beside
+                # prompt lookup at block 8, not the drafter alone that the DFlash rows measure), a
+                # folder is that drafter
                 drafter=_speculation(args, ck, tok),
                 sampling=sampling,
                 verify_lengths=verify_lengths,
@@ -655,7 +658,7 @@ def cmd_bench(args) -> None:
                     "prompt_lookup": args.prompt_lookup,
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
-                    "code": "speculation_for v3",  # v2: the policy calibrated per row; v3: auto as generate reads it
+                    "code": "speculation_for v4",  # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8
                 }
             }
             if "default" in arms
@@ -707,17 +710,18 @@ def cmd_demo(args) -> None:
     ids = encode(tok, args.prompt, chat=True)
     shipped = resolve_drafter("auto", ck)
     defaults = speculation_for("auto", ck, tok)  # what generate does without flags
-    runs = [("plain (block 1)", None, None, None)]
+    runs = [("plain", None, None, None)]
     if shipped != "none":
         drafter = drafter_for(shipped, ck, tok)
-        runs.append((f"{_describe(drafter)} ({Path(shipped).name}), block 16", drafter, 16, None))
+        runs.append((f"{_describe(drafter)} ({Path(shipped).name})", drafter, 16, None))
     runs += [
-        ("prompt lookup alone, block 16", NgramStep(), 16, None),
-        (f"the defaults ({_describe(defaults)}, verify lengths auto)", defaults, None, "auto"),
+        ("prompt lookup alone", NgramStep(), 16, None),
+        (f"the defaults: {_describe(defaults)}", defaults, None, "auto"),
     ]
     rows = []
     for name, drafter, block, lengths in runs:
         dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block, verify_lengths=lengths)
+        name += f", block {dec.block_size}" + (", verify lengths auto" if lengths else "")
         dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
         rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
     plain = rows[0][1]
@@ -737,9 +741,9 @@ def cmd_demo(args) -> None:
     print(f"speculative output identical to plain: {same}")
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
-        "on this machine (on a 2-core CPU a 16-token verify costs 2-2.6 plain steps and the shipped drafter's "
-        "forward about 0.25 more over its draft vocabulary: there prompt lookup alone was the faster default on 3 "
-        "of the 5 benchmark sets, so the defaults draft by it); docs/BENCHMARKS.md has the tables"
+        "on this machine; on a CPU (where a 16-token verify costs 2-2.6 plain steps) they take prompt lookup's "
+        "draft where the last 2 tokens occurred before and the shipped drafter's elsewhere, at block 8. "
+        "docs/BENCHMARKS.md has the tables"
     )
 
 

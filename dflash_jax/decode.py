@@ -448,8 +448,11 @@ class Decoder:
             only draft offsets ``1 .. num_draft [B]`` are real and can be accepted; or
             ``(out, num_draft, conf)`` with ``conf`` float32 ``[B, block_len - 1]``, its
             confidence in each draft token (``num_draft`` may be None), which ``verify_lengths``
-            uses. A step without parameters may be passed alone (``drafter=NgramStep()``).
-          block_size: speculative block size (default: the drafter's).
+            uses. A step may name the block size it prefers, ``default_block_size`` (at most
+            ``max_block_size``). A step without parameters may be passed alone
+            (``drafter=NgramStep()``).
+          block_size: speculative block size (default: the step's ``default_block_size`` where it
+            has one, else its ``max_block_size``).
           mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
             (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
             so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
@@ -486,7 +489,8 @@ class Decoder:
             self.drafter_params, step = _on_device(drafter[0]), drafter[1]
             self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
             limit = self.drafter.max_block_size
-            self.block_size = int(limit if block_size is None else block_size)
+            default = getattr(self.drafter, "default_block_size", limit)
+            self.block_size = int(default if block_size is None else block_size)
             if not 2 <= self.block_size <= limit:
                 raise ValueError(
                     f"block size {self.block_size} not in [2, {limit}] for this drafter; "

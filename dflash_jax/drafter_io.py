@@ -266,6 +266,11 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
 # (`launch/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
 NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 
+# The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
+# decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
+# sets, 1.31x both; `launch/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
+CPU_BLOCK_SIZE = 8
+
 
 def speculation_for(
     spec: str,
@@ -286,27 +291,28 @@ def speculation_for(
     ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before, the
     drafter elsewhere (a DFlash 2 drafter's rows through its selector's walk); without -> the
     drafter alone (as also a drafter that reads the prompt-lookup continuation itself,
-    ``block_input="ngram"``). ``auto`` with ``prompt_lookup`` is the fastest
-    setup measured for the hardware: on an accelerator the shipped drafter with prompt lookup, on a
-    CPU (or with no drafter shipped) prompt lookup alone, since there a DFlash round (a drafter
-    forward of 0.5-0.7 plain steps, then a compute-bound verify) costs more than the shipped
-    drafter commits (docs/BENCHMARKS.md, "Prompt lookup and the default settings"). Each is
-    lossless (the loop verifies every draft).
+    ``block_input="ngram"``). ``auto`` with ``prompt_lookup`` is the fastest setup measured for
+    the hardware: on an accelerator the shipped drafter as above; on a CPU the shipped drafter
+    beside prompt lookup (``HybridStep``, whatever its block input) at block ``CPU_BLOCK_SIZE``,
+    since there a 16-token verify costs 2-2.6 plain steps and prompt lookup's long matches need no
+    drafter forward (docs/BENCHMARKS.md, "The CPU default"); with no drafter shipped, prompt lookup
+    alone. Each is lossless (the loop verifies every draft).
 
     Raises:
       as ``drafter_for``; ValueError: bad n-gram lengths.
     """
-    cpu_or_none = jax.default_backend() == "cpu" or resolve_drafter(spec, ck) == "none"
-    if spec == "ngram" or (spec == "auto" and prompt_lookup and cpu_or_none):
+    if spec == "ngram" or (spec == "auto" and prompt_lookup and resolve_drafter(spec, ck) == "none"):
         return NgramStep(ngram_max, ngram_min, confidence=_ngram_confidence(ngram_max))
     drafter = drafter_for(spec, ck, tok, seed, draft_vocab)
     if drafter is None or not prompt_lookup:
         return drafter
     params, cfg = drafter
-    if cfg.block_input == "ngram":  # it reads the prompt-lookup continuation itself
+    auto_on_cpu = spec == "auto" and jax.default_backend() == "cpu"
+    if cfg.block_input == "ngram" and not auto_on_cpu:  # it reads the prompt-lookup continuation itself
         return params, DraftStep(cfg, ck.cfg, confidence=True)
     ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=_ngram_confidence(ngram_max))
-    return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max))
+    block = min(CPU_BLOCK_SIZE, cfg.block_size) if auto_on_cpu else None
+    return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max), block)
 
 
 def _ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:

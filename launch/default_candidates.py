@@ -4,10 +4,11 @@ SmolLM2-135M, greedy, batch 1, 256 new tokens, the first ``--per-set`` first tur
 five benchmark sets (chat template), every candidate with verify lengths ``auto`` (costs measured
 on this machine, calibrated), interleaved prompt by prompt so that a slow spell falls on all of
 them. Prints tokens per second against plain decoding per set and candidate, and checks that every
-output is plain decoding's. Candidates: prompt lookup alone (the CPU default until 2026-12-02); the
+output is plain decoding's. Candidates: prompt lookup alone (the CPU default); the
 shipped drafter alone at blocks 16 and 8 (with its draft vocabulary, or ``--draft-vocab 0``
 without); and the shipped drafter beside prompt lookup (``HybridStep``: prompt lookup where the
-last ``m`` tokens occurred before, the drafter's forward skipped there) for m = 2, 3.
+last ``m`` tokens occurred before, the drafter's forward skipped there) for m = 2, 3 at block 16
+and m = 2 at block 8.
 
     .venv/bin/python launch/default_candidates.py --per-set 2
     .venv/bin/python launch/default_candidates.py --per-set 8 --only "prompt lookup" "hybrid m=2 @16"
@@ -53,9 +54,11 @@ def main() -> None:
         "drafter @16": Decoder(ck.params, ck.cfg, drafter=alone, verify_lengths="auto"),
         "drafter @8": Decoder(ck.params, ck.cfg, drafter=alone, block_size=8, verify_lengths="auto"),
     }
-    for m in (2, 3):
+    for m, block in ((2, 16), (3, 16), (2, 8)):
         hybrid = HybridStep(alone[1], NgramStep(4, 1, dcfg.block_size, confidence=NGRAM_CONFIDENCE), m)
-        candidates[f"hybrid m={m} @16"] = Decoder(ck.params, ck.cfg, drafter=(params, hybrid), verify_lengths="auto")
+        candidates[f"hybrid m={m} @{block}"] = Decoder(
+            ck.params, ck.cfg, drafter=(params, hybrid), block_size=block, verify_lengths="auto"
+        )
     if args.only:
         unknown = set(args.only) - set(candidates)
         if unknown:

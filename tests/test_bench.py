@@ -192,10 +192,12 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
 
 def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(bench_setup, tmp_path, monkeypatch):
     """The 'default' row decodes as ``generate`` would with the same ``--drafter``: with ``auto`` on
-    a CPU that is prompt lookup alone (``speculation_for``), not the shipped drafter that the DFlash
-    rows measure; with a folder it is that drafter beside prompt lookup (``HybridStep``)."""
+    a CPU that is the shipped drafter beside prompt lookup at ``CPU_BLOCK_SIZE`` (``speculation_for``),
+    not the drafter alone that the DFlash rows measure; with a folder it is that drafter beside
+    prompt lookup (``HybridStep``) at the drafter's block size."""
     from dflash_jax import cli, hub
-    from dflash_jax.ngram import HybridStep, NgramStep
+    from dflash_jax.drafter_io import CPU_BLOCK_SIZE
+    from dflash_jax.ngram import HybridStep
 
     ck, root = bench_setup
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
@@ -208,7 +210,7 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(cli, "Decoder", Spy)
-    for spec, kind in (("auto", NgramStep), (str(root / "drafter"), HybridStep)):
+    for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()
         out = tmp_path / spec.replace("/", "_") / "r.json"
         cli.main(
@@ -217,7 +219,7 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
         )
         default = made[-1]  # plain, the DFlash rows and prompt lookup's row are made before it
         step = default[1] if isinstance(default, tuple) else default
-        assert type(step) is kind, (spec, step)
+        assert type(step) is HybridStep and step.block_size == block, (spec, step)
         assert isinstance(made[1], tuple) and made[1][1].block_size == 8  # the DFlash row: the drafter itself
         assert json.loads(out.read_text())["records"][0]["default"]["identical"]
 

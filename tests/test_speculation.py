@@ -330,6 +330,35 @@ def test_the_defaults_by_hardware(tiny_models, tmp_path):
     assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
 
 
+def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(tiny_models, tmp_path, monkeypatch):
+    """``--drafter auto`` on a CPU with a drafter shipped: ``HybridStep`` (also for a drafter that
+    reads the prompt-lookup continuation itself), whose Decoder takes block ``CPU_BLOCK_SIZE`` by
+    default and any block up to the drafter's when asked; a drafter named by folder keeps its own."""
+    from dflash_jax import checkpoint, hub
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+    from dflash_jax.drafter_io import CPU_BLOCK_SIZE, export_released, speculation_for
+
+    assert jax.default_backend() == "cpu"
+    ck = checkpoint.load_target(tiny_models["qwen3"][2])
+    tok = ck.tokenizer()
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=3, block_input="ngram")
+    folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "shipped")
+    monkeypatch.setattr(hub, "shipped_drafter", lambda identity: folder)
+    params, step = speculation_for("auto", ck, tok)
+    assert isinstance(step, HybridStep) and step.min_match == 2 and step.dflash.confidence
+    assert step.default_block_size == CPU_BLOCK_SIZE == 8 and step.max_block_size == 16
+    assert Decoder(ck.params, ck.cfg, drafter=(params, step)).block_size == CPU_BLOCK_SIZE
+    assert Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=16).block_size == 16
+    assert isinstance(speculation_for(str(folder), ck, tok)[1], DraftStep)  # named: the drafter as it is
+    assert speculation_for("auto", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
+    small = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    small_folder = export_released(init_drafter_params(small), small, tmp_path / "b4")
+    monkeypatch.setattr(hub, "shipped_drafter", lambda identity: small_folder)
+    assert speculation_for("auto", ck, tok)[1].default_block_size == 4  # never above the drafter's block
+    with pytest.raises(ValueError, match="block_size must be in \\[2, the drafter's 16\\], got 17"):
+        HybridStep(step.dflash, NgramStep(), block_size=17)
+
+
 def test_a_sampled_request_does_not_depend_on_its_batch(target):  # noqa: F811
     """Each row picks its own verify length, so the rest of the batch never changes how much of
     its draft is checked: the same prompt and seed give the same sampled tokens in any batch."""
