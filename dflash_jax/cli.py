@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(freshly initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)",
     )
     g.add_argument(
-        "--block-size", type=int, default=None, help="speculative block size (default: the drafter's; auto on a CPU: 8)"
+        "--block-size",
+        type=int,
+        default=None,
+        help="speculative block size (default: the drafter's; --drafter auto on a CPU with prompt lookup on: 8)",
     )
     _add_speculation(g)
     g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
@@ -633,13 +636,14 @@ def cmd_bench(args) -> None:
             spec["ngram"] = Decoder(ck.params, ck.cfg, drafter=ngram, sampling=sampling)
         if args.default_arm == "on":  # what generate does with these flags
             arms.append("default")
+            default_step = _speculation(args, ck, tok)
             spec["default"] = Decoder(
                 ck.params,
                 ck.cfg,
                 # --drafter as given: 'auto' is generate's default (on a CPU the shipped drafter beside
                 # prompt lookup at block 8, not the drafter alone that the DFlash rows measure), a
                 # folder is that drafter
-                drafter=_speculation(args, ck, tok),
+                drafter=default_step,
                 sampling=sampling,
                 verify_lengths=verify_lengths,
                 calibrate=args.calibrate == "on",
@@ -659,6 +663,8 @@ def cmd_bench(args) -> None:
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
                     "code": "speculation_for v4",  # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8
+                    "runs": _describe(default_step),
+                    "block_size": spec["default"].block_size,
                 }
             }
             if "default" in arms
@@ -741,8 +747,8 @@ def cmd_demo(args) -> None:
     print(f"speculative output identical to plain: {same}")
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
-        "on this machine; on a CPU (where a 16-token verify costs 2-2.6 plain steps) they take prompt lookup's "
-        "draft where the last 2 tokens occurred before and the shipped drafter's elsewhere, at block 8. "
+        "on this machine; on a CPU with a drafter shipped (where a 16-token verify costs 2-2.6 plain steps) they take "
+        "prompt lookup's draft where the last 2 tokens occurred before and the drafter's elsewhere, at block 8. "
         "docs/BENCHMARKS.md has the tables"
     )
 

@@ -452,7 +452,8 @@ class Decoder:
             ``max_block_size``). A step without parameters may be passed alone
             (``drafter=NgramStep()``).
           block_size: speculative block size (default: the step's ``default_block_size`` where it
-            has one, else its ``max_block_size``).
+            has one, else its ``max_block_size``; raised to the longest of explicit
+            ``verify_lengths`` that the step can take).
           mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
             (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
             so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
@@ -490,6 +491,8 @@ class Decoder:
             self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
             limit = self.drafter.max_block_size
             default = getattr(self.drafter, "default_block_size", limit)
+            if block_size is None and verify_lengths not in (None, "auto"):  # long enough for the lengths asked
+                default = max([default, *(int(n) for n in verify_lengths if int(n) <= limit)])
             self.block_size = int(default if block_size is None else block_size)
             if not 2 <= self.block_size <= limit:
                 raise ValueError(
@@ -503,7 +506,10 @@ class Decoder:
             verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None
         lengths = sorted({int(x) for x in (verify_lengths or ())} | {self.block_size})
         if lengths[0] < 1 or lengths[-1] > self.block_size:
-            raise ValueError(f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]")
+            raise ValueError(
+                f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]; "
+                "pass shorter ones or a larger --block-size"
+            )
         self._measure = verify_costs in (None, "measure") and len(lengths) > 1
         if verify_costs in (None, "measure"):
             verify_costs = [1.0] * len(lengths)  # replaced by the measured costs of each shape

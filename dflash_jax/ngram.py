@@ -200,29 +200,29 @@ class HybridStep:
     cache is written every round either way, so it is always current. Lossless like each part:
     the verify is the loop's own, and under sampling an n-gram row's ``q`` is the point mass of
     its draft (a DFlash row's: the drafter's ``probs`` of its logits, or for DFlash 2 the
-    selector walk's ``q``, ``sample``). ``block_size``: the block size a ``Decoder`` takes by
+    selector walk's ``q``, ``sample``). ``default_block``: the block size a ``Decoder`` takes by
     default (``None``: the drafter's); any up to the drafter's may still be passed.
 
     Raises:
       ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, a drafter step made without
-        ``confidence=True``, or ``block_size`` outside ``[2, the drafter's block size]``.
+        ``confidence=True``, or ``default_block`` outside ``[2, the drafter's block size]``.
     """
 
     dflash: object  # a DraftStep (made with confidence=True)
     ngram: NgramStep
     min_match: int = 2
-    block_size: int | None = None
+    default_block: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.min_match <= self.ngram.ngram_max:
             raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
-        if self.block_size is not None and not 2 <= self.block_size <= self.dflash.max_block_size:
-            raise ValueError(
-                f"block_size must be in [2, the drafter's {self.dflash.max_block_size}], got {self.block_size}"
-            )
         if not getattr(self.dflash, "confidence", False):
             raise ValueError(
                 "HybridStep needs its drafter's confidence: make it DraftStep(cfg, target_cfg, confidence=True)"
+            )
+        if self.default_block is not None and not 2 <= self.default_block <= self.dflash.max_block_size:
+            raise ValueError(
+                f"default_block must be in [2, the drafter's {self.dflash.max_block_size}], got {self.default_block}"
             )
 
     @property
@@ -241,7 +241,7 @@ class HybridStep:
     @property
     def default_block_size(self) -> int:
         """The block size a ``Decoder`` takes when none is passed."""
-        return self.block_size or self.dflash.max_block_size
+        return self.default_block or self.dflash.max_block_size
 
     def init_cache(self, batch: int, cache_len: int):
         return self.dflash.init_cache(batch, cache_len)

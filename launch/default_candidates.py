@@ -4,11 +4,11 @@ SmolLM2-135M, greedy, batch 1, 256 new tokens, the first ``--per-set`` first tur
 five benchmark sets (chat template), every candidate with verify lengths ``auto`` (costs measured
 on this machine, calibrated), interleaved prompt by prompt so that a slow spell falls on all of
 them. Prints tokens per second against plain decoding per set and candidate, and checks that every
-output is plain decoding's. Candidates: prompt lookup alone (the CPU default); the
+output is plain decoding's. Candidates: prompt lookup alone (the CPU default until 2026-12-02); the
 shipped drafter alone at blocks 16 and 8 (with its draft vocabulary, or ``--draft-vocab 0``
 without); and the shipped drafter beside prompt lookup (``HybridStep``: prompt lookup where the
 last ``m`` tokens occurred before, the drafter's forward skipped there) for m = 2, 3 at block 16
-and m = 2 at block 8.
+and m = 2 at block 8 (the CPU default since 2026-12-02, ``speculation_for``).
 
     .venv/bin/python launch/default_candidates.py --per-set 2
     .venv/bin/python launch/default_candidates.py --per-set 8 --only "prompt lookup" "hybrid m=2 @16"

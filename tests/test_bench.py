@@ -196,6 +196,7 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
     not the drafter alone that the DFlash rows measure; with a folder it is that drafter beside
     prompt lookup (``HybridStep``) at the drafter's block size."""
     from dflash_jax import cli, hub
+    from dflash_jax.drafter import DraftStep
     from dflash_jax.drafter_io import CPU_BLOCK_SIZE
     from dflash_jax.ngram import HybridStep
 
@@ -206,8 +207,8 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
 
     class Spy(cli.Decoder):
         def __init__(self, *a, **kw):
-            made.append(kw.get("drafter"))
             super().__init__(*a, **kw)
+            made.append(self)
 
     monkeypatch.setattr(cli, "Decoder", Spy)
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
@@ -218,9 +219,9 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             + ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
         )
         default = made[-1]  # plain, the DFlash rows and prompt lookup's row are made before it
-        step = default[1] if isinstance(default, tuple) else default
-        assert type(step) is HybridStep and step.block_size == block, (spec, step)
-        assert isinstance(made[1], tuple) and made[1][1].block_size == 8  # the DFlash row: the drafter itself
+        assert type(default.drafter) is HybridStep and default.drafter.default_block == block, (spec, default)
+        assert default.block_size == 8 and default.verify_lengths == (1, 2, 4, 8)
+        assert type(made[1].drafter) is DraftStep and made[1].block_size == 4  # a DFlash row: the drafter alone
         assert json.loads(out.read_text())["records"][0]["default"]["identical"]
 
 

@@ -295,7 +295,7 @@ def test_the_defaults_by_hardware(tiny_models, tmp_path):
 
     ck = checkpoint.load_target(tiny_models["qwen3"][2])
     tok = ck.tokenizer()
-    auto = speculation_for("auto", ck, tok)  # on a CPU (and with no drafter shipped): prompt lookup alone
+    auto = speculation_for("auto", ck, tok)  # with no drafter shipped: prompt lookup alone
     assert isinstance(auto, NgramStep) and len(auto.confidence) == auto.ngram_max == 4
     params, hybrid = speculation_for("random", ck, tok)  # a DFlash drafter named: with prompt lookup
     assert isinstance(hybrid, HybridStep) and hybrid.dflash.confidence and params is not None
@@ -349,14 +349,18 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     assert step.default_block_size == CPU_BLOCK_SIZE == 8 and step.max_block_size == 16
     assert Decoder(ck.params, ck.cfg, drafter=(params, step)).block_size == CPU_BLOCK_SIZE
     assert Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=16).block_size == 16
+    # explicit verify lengths longer than the default block raise it (up to the drafter's)
+    assert Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 4, 16]).block_size == 16
+    with pytest.raises(ValueError, match="must lie in \\[1, block size 8\\]; pass shorter ones or a larger"):
+        Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 32])
     assert isinstance(speculation_for(str(folder), ck, tok)[1], DraftStep)  # named: the drafter as it is
     assert speculation_for("auto", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
     small = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     small_folder = export_released(init_drafter_params(small), small, tmp_path / "b4")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: small_folder)
     assert speculation_for("auto", ck, tok)[1].default_block_size == 4  # never above the drafter's block
-    with pytest.raises(ValueError, match="block_size must be in \\[2, the drafter's 16\\], got 17"):
-        HybridStep(step.dflash, NgramStep(), block_size=17)
+    with pytest.raises(ValueError, match="default_block must be in \\[2, the drafter's 16\\], got 17"):
+        HybridStep(step.dflash, NgramStep(), default_block=17)
 
 
 def test_a_sampled_request_does_not_depend_on_its_batch(target):  # noqa: F811
