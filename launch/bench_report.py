@@ -22,8 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash_jax import bench  # noqa: E402
-
-SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")  # bench's order (cli.BENCH_DATASETS)
+from dflash_jax.cli import BENCH_DATASETS  # noqa: E402
 
 
 def write(records_path: Path, out: Path) -> dict:
@@ -37,7 +36,7 @@ def write(records_path: Path, out: Path) -> dict:
         raise SystemExit(f"{records_path}: no measured turns yet")
     arms = [int(a) if str(a).isdigit() else a for a in settings.get("arms", settings["block_sizes"])]
     present = {r["dataset"] for r in records}
-    datasets = [d for d in SETS if d in present] + sorted(present - set(SETS))
+    datasets = [d for d in BENCH_DATASETS if d in present] + sorted(present - set(BENCH_DATASETS))
     rep = bench.report(records, arms, datasets)
     bench.write_outputs(rep, records, settings, out)
     return rep

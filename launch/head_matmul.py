@@ -8,20 +8,9 @@ a CPU costs more than a plain step (docs/BENCHMARKS.md, "A draft vocabulary").
     .venv/bin/python launch/head_matmul.py
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
-
-
-def timeit(f, *args, n=30):
-    jax.block_until_ready(f(*args))
-    jax.block_until_ready(f(*args))
-    t = time.perf_counter()
-    for _ in range(n):
-        r = f(*args)
-    jax.block_until_ready(r)
-    return (time.perf_counter() - t) / n * 1e3
+from profile_round import timeit
 
 
 def main() -> None:
@@ -36,7 +25,7 @@ def main() -> None:
         w = jax.random.normal(key, (d, f))
         wt = jnp.asarray(w.T)
         for name, (fn, transposed) in layouts.items():
-            row = [timeit(fn, jax.random.normal(key, (t, d)), wt if transposed else w) for t in (1, 2, 4, 8, 16)]
+            row = [timeit(fn, jax.random.normal(key, (t, d)), wt if transposed else w, n=30) for t in (1, 2, 4, 8, 16)]
             print(d, f, name, " ".join(f"{v:.3f}" for v in row))
 
 
