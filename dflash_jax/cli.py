@@ -66,7 +66,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
 
 
-def _add_speculation(p: argparse.ArgumentParser) -> None:
+def _add_speculation(p) -> None:
+    """The drafting flags of generate and bench, added to ``p`` (a parser or an argument group)."""
     p.add_argument(
         "--prompt-lookup",
         default="on",
@@ -130,11 +131,12 @@ def _verify_lengths(args):
     return lengths
 
 
-def _speculation(args, ck, tok, spec=None):
-    """The drafter ``Decoder`` takes for ``--drafter`` (or ``spec``) / ``--prompt-lookup`` / ``--ngram-*``."""
+def _speculation(args, ck, tok, drafter=None):
+    """The drafter ``Decoder`` takes for ``--drafter`` / ``--prompt-lookup`` / ``--ngram-*``
+    (``drafter``: that ``--drafter``'s ``(params, DrafterConfig)`` when already loaded)."""
     try:
         return speculation_for(
-            spec or args.drafter,
+            args.drafter,
             ck,
             tok,
             prompt_lookup=args.prompt_lookup == "on",
@@ -142,6 +144,7 @@ def _speculation(args, ck, tok, spec=None):
             ngram_min=args.ngram_min,
             seed=getattr(args, "seed", 0),
             draft_vocab=args.draft_vocab,
+            drafter=drafter,
         )
     except ValueError as e:
         sys.exit(f"error: {e}")
@@ -195,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size",
         type=int,
         default=None,
-        help="speculative block size (default: the drafter's; --drafter auto on a CPU with prompt lookup on: 8)",
+        help="speculative block size (default: the drafter's; --drafter auto on a CPU with a drafter shipped and "
+        "prompt lookup on: 8)",
     )
     _add_speculation(g)
     g.add_argument("--seed", type=int, default=0, help="sampling seed of each prompt (and of --drafter random)")
@@ -305,7 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON, a Markdown table and PNG plots; an interrupted run resumes.",
     )
     _add_target(b)
-    b.add_argument("--drafter", default="auto", help="drafter folder, or 'auto' (the drafter shipped for this target)")
+    b.add_argument(
+        "--drafter",
+        default="auto",
+        help="drafter folder, 'auto' (the drafter shipped for this target) or 'random' (a fresh 1-layer drafter, "
+        "seeded by --seed)",
+    )
     b.add_argument(
         "--dataset",
         nargs="+",
@@ -330,7 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-turns", type=int, default=2, choices=[1, 2], help="MT-Bench turns (1: first turns only)")
     b.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (1 = latency, as papers)")
     _add_sampling(b)
-    b.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i of a set uses seed + i)")
+    b.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed: item k of the run (sets in --dataset order) uses seed + k in every row; and of "
+        "--drafter random",
+    )
     b.add_argument(
         "--json-out",
         metavar="FILE",
@@ -338,7 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="report (JSON); the .md table, the PNG plots and the resumable .records.jsonl go beside it",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_speculation(b)
+    _add_speculation(
+        b.add_argument_group(
+            "the default arm",
+            "--prompt-lookup, --verify-lengths and --calibrate set only the default arm (the DFlash rows and the "
+            "ngram row verify every block token); --ngram-max / --ngram-min set the ngram row too, --draft-vocab "
+            "every DFlash row",
+        )
+    )
     b.add_argument(
         "--ngram-arm",
         default="on",
@@ -350,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         choices=["on", "off"],
         help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup and "
-        "--verify-lengths (with --drafter auto on a CPU: the shipped drafter beside prompt lookup at block 8)",
+        "--verify-lengths, at generate's default block (not --block-size; with --drafter auto on a CPU: the "
+        "shipped drafter beside prompt lookup at block 8)",
     )
 
     d = sub.add_parser(
@@ -624,7 +647,7 @@ def cmd_bench(args) -> None:
             if drafter_path == "none"
             else "error: bench measures prompt lookup in its own 'ngram' row; pass a DFlash --drafter (or auto)"
         )
-    drafter = drafter_for(drafter_path, ck, tok, draft_vocab=args.draft_vocab)
+    drafter = drafter_for(drafter_path, ck, tok, seed=args.seed, draft_vocab=args.draft_vocab)
     blocks = args.block_size or [drafter[1].block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
     try:
@@ -636,7 +659,7 @@ def cmd_bench(args) -> None:
             spec["ngram"] = Decoder(ck.params, ck.cfg, drafter=ngram, sampling=sampling)
         if args.default_arm == "on":  # what generate does with these flags
             arms.append("default")
-            default_step = _speculation(args, ck, tok)
+            default_step = _speculation(args, ck, tok, drafter)
             spec["default"] = Decoder(
                 ck.params,
                 ck.cfg,
@@ -712,14 +735,16 @@ def cmd_bench(args) -> None:
 
 
 def cmd_demo(args) -> None:
+    if args.max_new_tokens < 1:
+        sys.exit(f"error: --max-new-tokens must be >= 1; got {args.max_new_tokens}")
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
     shipped = resolve_drafter("auto", ck)
-    defaults = speculation_for("auto", ck, tok)  # what generate does without flags
+    drafter = drafter_for(shipped, ck, tok)  # None with no drafter shipped
+    defaults = speculation_for("auto", ck, tok, drafter=drafter)  # what generate does without flags
     runs = [("plain", None, None, None)]
-    if shipped != "none":
-        drafter = drafter_for(shipped, ck, tok)
-        runs.append((f"{_describe(drafter)} ({Path(shipped).name})", drafter, 16, None))
+    if drafter is not None:
+        runs.append((f"{_describe(drafter)} ({Path(shipped).name})", drafter, None, None))  # at its own block
     runs += [
         ("prompt lookup alone", NgramStep(), 16, None),
         (f"the defaults: {_describe(defaults)}", defaults, None, "auto"),
@@ -728,17 +753,24 @@ def cmd_demo(args) -> None:
     for name, drafter, block, lengths in runs:
         dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block, verify_lengths=lengths)
         name += f", block {dec.block_size}" + (", verify lengths auto" if lengths else "")
-        dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
-        rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
+        try:
+            dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
+            rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
+        except ValueError as e:  # the prompt and --max-new-tokens past the target's context
+            sys.exit(f"error: {e}")
     plain = rows[0][1]
     print(
         f"\nUser: {args.prompt}\nAssistant ({args.target}, decoded by dflash-jax, greedy): "
         f"{tok.decode(plain.token_ids, skip_special_tokens=True)}\n"
     )
-    plain_tps = (plain.num_output_tokens - 1) / plain.decode_s
+
+    def tokens_per_s(r) -> float:  # decode speed: the tokens after the prefill's first one
+        return (r.num_output_tokens - 1) / r.decode_s if r.num_output_tokens > 1 and r.decode_s > 0 else float("nan")
+
+    plain_tps = tokens_per_s(plain)
     width = max(len(name) for name, _ in rows)
     for name, r in rows:
-        tps = (r.num_output_tokens - 1) / r.decode_s
+        tps = tokens_per_s(r)
         print(
             f"{name:{width}s} {r.num_output_tokens:4d} tokens  tau {r.tau:5.2f}  {tps:6.1f} tokens/s "
             f"({tps / plain_tps:4.2f}x)  prefill {r.prefill_s * 1e3:.0f} ms"
@@ -747,9 +779,9 @@ def cmd_demo(args) -> None:
     print(f"speculative output identical to plain: {same}")
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
-        "on this machine; on a CPU with a drafter shipped (where a 16-token verify costs 2-2.6 plain steps) they take "
-        "prompt lookup's draft where the last 2 tokens occurred before and the drafter's elsewhere, at block 8. "
-        "docs/BENCHMARKS.md has the tables"
+        "on this machine; on a CPU with a drafter shipped (where a 16-token verify costs 2-3.8 plain steps, by "
+        "machine) they take prompt lookup's draft where the last 2 tokens occurred before and the drafter's "
+        "elsewhere, at block 8 (or the drafter's, if smaller). docs/BENCHMARKS.md has the tables"
     )
 
 

@@ -55,7 +55,7 @@ Array = jax.Array
 
 
 # The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
-# compute-bound (a 16-token verify costs 2.5-3.8 plain steps on the 2-core machines this project
+# compute-bound (a 16-token verify costs 2.1-3.8 plain steps on the 2-core machines this project
 # runs on; docs/BENCHMARKS.md "Speculative round cost"). Their costs are measured on the machine.
 AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
 
@@ -123,8 +123,9 @@ def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, 
     """Per row, the verify length that commits most tokens per unit of cost; and the batch's.
 
     With ``conf [B, K]`` read as per-offset acceptance probabilities (offset ``k``'s given the
-    earlier ones), verifying ``L`` tokens commits ``1 + sum_{k < L} prod_{j <= k} conf_j`` tokens
-    in expectation (offsets past ``num_valid`` count 0); ``costs [len(lengths)]`` is a round's cost
+    earlier ones), verifying ``L`` tokens (the anchor and ``L - 1`` draft tokens) commits
+    ``1 + sum_{k=1}^{L-1} prod_{j=1}^{k} conf_j`` tokens in expectation (``conf_j``: offset ``j``'s,
+    column ``j - 1``; offsets past ``num_valid`` count 0); ``costs [len(lengths)]`` is a round's cost
     at each of ``lengths`` (ascending). Each row picks its own best length from its own draft
     alone, so a row's output never depends on the rest of the batch; the batch then verifies the
     longest of the active rows' picks. Lossless whatever it picks, provided ``conf`` is fixed
@@ -506,9 +507,14 @@ class Decoder:
             verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None
         lengths = sorted({int(x) for x in (verify_lengths or ())} | {self.block_size})
         if lengths[0] < 1 or lengths[-1] > self.block_size:
+            limit = self.drafter.max_block_size if self.drafter is not None else 1
+            fix = (
+                f"pass shorter ones or a larger --block-size (this drafter's longest block is {limit})"
+                if lengths[0] >= 1 and lengths[-1] <= limit
+                else f"pass lengths from 1 to {limit}, the longest block this drafter drafts"
+            )
             raise ValueError(
-                f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]; "
-                "pass shorter ones or a larger --block-size"
+                f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]; {fix}"
             )
         self._measure = verify_costs in (None, "measure") and len(lengths) > 1
         if verify_costs in (None, "measure"):

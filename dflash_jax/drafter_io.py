@@ -222,6 +222,8 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
     ``draft_vocab``: None -> the draft vocabulary stored with the drafter (``draft_vocab.json``),
     whole, if there is one; 0 -> none (the head over the whole vocabulary); N -> the stored list's
     first N tokens (its N most frequent). With one, ``params`` hold it (``with_draft_vocab``).
+    ``params`` are on the default device, placed once, so every ``Decoder`` built from them shares
+    one copy.
 
     Raises:
       ConfigError: the drafter does not fit the target (hidden size, vocabulary, layer count or
@@ -242,7 +244,7 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
     params, cfg, identity = load_drafter(spec)
     check_fits(cfg, ck.cfg, identity, ck.identity)
     if draft_vocab == 0:  # the head over the whole vocabulary
-        return params, cfg
+        return jax.device_put(params), cfg
     ids = read_draft_vocab(spec)
     if draft_vocab:
         if ids is None or draft_vocab > len(ids):
@@ -257,7 +259,7 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
             params = with_draft_vocab(params, ids, ck.params, ck.cfg)
         except ValueError as e:
             raise ConfigError(f"{Path(spec) / DRAFT_VOCAB_FILE}: {e}") from None
-    return params, cfg
+    return jax.device_put(params), cfg
 
 
 # How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
@@ -282,9 +284,12 @@ def speculation_for(
     ngram_min: int = 1,
     seed: int = 0,
     draft_vocab: int | None = None,
+    drafter: tuple | None = None,
 ):
     """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off
-    (``draft_vocab``: as ``drafter_for``).
+    (``draft_vocab``: as ``drafter_for``; ``drafter``: the ``(params, DrafterConfig)`` that
+    ``drafter_for(spec, ck, tok, seed, draft_vocab)`` already returned, so it is not loaded twice;
+    None: loaded here).
 
     ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
     A DFlash drafter (``random`` or a folder; see ``drafter_for``) with ``prompt_lookup`` ->
@@ -294,16 +299,25 @@ def speculation_for(
     ``block_input="ngram"``). ``auto`` with ``prompt_lookup`` is the fastest setup measured for
     the hardware: on an accelerator the shipped drafter as above; on a CPU the shipped drafter
     beside prompt lookup (``HybridStep``, whatever its block input) at block ``CPU_BLOCK_SIZE``,
-    since there a 16-token verify costs 2-2.6 plain steps and prompt lookup's long matches need no
-    drafter forward (docs/BENCHMARKS.md, "The CPU default"); with no drafter shipped, prompt lookup
-    alone. Each is lossless (the loop verifies every draft).
+    since there a 16-token verify costs 2-3.8 plain steps (by machine) and prompt lookup's long
+    matches need no drafter forward (docs/BENCHMARKS.md, "The CPU default"); with no drafter
+    shipped, prompt lookup alone. Each is lossless (the loop verifies every draft).
 
+    Returns:
+      None (plain decoding), an ``NgramStep`` (no parameters), or ``(params, step)`` with step a
+      ``HybridStep`` or ``DraftStep``: what ``Decoder(drafter=...)`` takes.
     Raises:
-      as ``drafter_for``; ValueError: bad n-gram lengths.
+      as ``drafter_for``; ValueError: bad n-gram lengths, or ``drafter`` given for a ``spec`` that
+        names no DFlash drafter.
     """
+    if drafter is not None and resolve_drafter(spec, ck) in ("none", "ngram"):
+        raise ValueError(
+            f"drafter= holds a loaded drafter, but --drafter {spec!r} names no DFlash drafter here; pass drafter=None"
+        )
     if spec == "ngram" or (spec == "auto" and prompt_lookup and resolve_drafter(spec, ck) == "none"):
         return NgramStep(ngram_max, ngram_min, confidence=_ngram_confidence(ngram_max))
-    drafter = drafter_for(spec, ck, tok, seed, draft_vocab)
+    if drafter is None:
+        drafter = drafter_for(spec, ck, tok, seed, draft_vocab)
     if drafter is None or not prompt_lookup:
         return drafter
     params, cfg = drafter

@@ -13,7 +13,7 @@ probability ``p(x)`` and the first rejection resamples from ``norm(p with x remo
 Use it as a draft step without parameters::
 
     Decoder(target_params, cfg, drafter=NgramStep(ngram_max=4, ngram_min=1, block_size=16))
-    Decoder(target_params, cfg, drafter=(None, NgramStep()), block_size=8)  # the same, explicitly
+    Decoder(target_params, cfg, drafter=(None, NgramStep()), block_size=8)  # as a pair, at block 8
 
 The match runs on device over the loop's token buffer, vectorised over the batch: per round and
 row, ``ngram_max`` compares of the buffer ``[S + block]`` with one window token each (linear in
@@ -89,7 +89,8 @@ class NgramStep:
     real, so acceptance never counts padding.
 
     Raises:
-      ValueError: ``ngram_min < 1``, ``ngram_max < ngram_min`` or ``block_size < 2``.
+      ValueError: ``ngram_min < 1``, ``ngram_max < ngram_min``, ``block_size < 2``, or a
+        ``confidence`` that is neither a probability nor ``ngram_max`` (first, later) pairs.
     """
 
     ngram_max: int = 4

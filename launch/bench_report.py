@@ -32,6 +32,8 @@ def write(records_path: Path, out: Path) -> dict:
       BenchError: not a bench records file; SystemExit: it holds no records yet.
     """
     settings, records = bench.read_records(records_path)
+    # one record per turn, the last written (bench measures a turn again if its prompt's text changed)
+    records = list({(r["dataset"], r["id"], r["turn"]): r for r in records}.values())
     if not records:
         raise SystemExit(f"{records_path}: no measured turns yet")
     arms = [int(a) if str(a).isdigit() else a for a in settings.get("arms", settings["block_sizes"])]

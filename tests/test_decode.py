@@ -104,6 +104,37 @@ def test_generate_cli_json(tiny_models, capsys):
     assert record["num_output_tokens"] == len(record["token_ids"]) == 6
 
 
+def test_demo_loads_the_shipped_drafter_once_and_prints_every_row(tiny_models, tmp_path, monkeypatch, capsys):
+    """``demo`` with a drafter shipped (patched in for the tiny target): plain, the drafter at its own
+    block, prompt lookup, the defaults; every row identical to plain; the drafter read from disk once."""
+    from dflash_jax import drafter_io, hub
+    from dflash_jax.cli import main
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+
+    _, _, path = tiny_models["qwen3"]
+    from dflash_jax import checkpoint
+
+    ck = checkpoint.load_target(path)
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    folder = drafter_io.export_released(init_drafter_params(dcfg), dcfg, tmp_path / "shipped")
+    monkeypatch.setattr(hub, "shipped_drafter", lambda identity: folder)
+    loads, real = [], drafter_io.load_drafter
+    monkeypatch.setattr(drafter_io, "load_drafter", lambda *a, **k: loads.append(a) or real(*a, **k))
+    main(["demo", "--target", str(path), "--prompt", "t10 t11 t12 t10 t11", "--max-new-tokens", "8"])
+    out = capsys.readouterr().out
+    assert len(loads) == 1 and "speculative output identical to plain: True" in out
+    rows = [line for line in out.splitlines() if " tokens  tau " in line]
+    assert [r.split(",")[0].split(" (")[0] for r in rows] == [
+        "plain",
+        "DFlash alone",
+        "prompt lookup alone",
+        "the defaults: DFlash + prompt lookup",
+    ]
+    assert "block 4" in rows[1] and "block 4, verify lengths auto" in rows[3]  # the drafter's own block, not 16
+    with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):
+        main(["demo", "--target", str(path), "--max-new-tokens", "0"])
+
+
 def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys):
     """--drafter ngram (prompt lookup, with and without --calibrate), the defaults (auto: prompt lookup
     for a target without a shipped drafter, verify lengths auto) and a bad --verify-lengths or --draft-vocab, through

@@ -250,6 +250,11 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
     finally:
         DraftStep._forward = real
     assert "cond" in jaxpr and calls  # the drafter sits in a branch the loop takes only when a row needs it
+    # ... and the branch is skipped exactly when no row needs the drafter
+    assert bool(step._lookup(tokens, start, jnp.asarray([8]), 7)[4])  # the last token (6) occurred before
+    miss = tokens.at[0, 2].set(5)  # 5 never occurred before: this row needs the drafter
+    assert not bool(step._lookup(miss, start, jnp.asarray([8]), 7)[4])
+    assert bool(step._lookup(miss, start, jnp.asarray([1]), 7)[4])  # unless the row is finished
 
 
 @pytest.mark.parametrize(
@@ -351,10 +356,36 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     assert Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=16).block_size == 16
     # explicit verify lengths longer than the default block raise it (up to the drafter's)
     assert Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 4, 16]).block_size == 16
-    with pytest.raises(ValueError, match="must lie in \\[1, block size 8\\]; pass shorter ones or a larger"):
-        Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 32])
+    with pytest.raises(ValueError, match="must lie in \\[1, block size 8\\]; pass lengths from 1 to 16, the longest"):
+        Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 32])  # no block size can hold 32
+    with pytest.raises(
+        ValueError, match="block size 4\\]; pass shorter ones or a larger --block-size \\(this drafter's"
+    ):
+        Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=4, verify_lengths=[1, 8])
     assert isinstance(speculation_for(str(folder), ck, tok)[1], DraftStep)  # named: the drafter as it is
     assert speculation_for("auto", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
+    # a drafter already loaded (demo, bench) is used as given, not read from its folder again
+    from dflash_jax import drafter_io
+
+    loaded = drafter_io.drafter_for("auto", ck, tok)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded[0]))  # placed once, shared by Decoders
+    with monkeypatch.context() as m:
+        m.setattr(drafter_io, "load_drafter", lambda *a: pytest.fail("the drafter was loaded twice"))
+        again, step = speculation_for("auto", ck, tok, drafter=loaded)
+        assert again is loaded[0] and isinstance(step, HybridStep) and step.default_block_size == CPU_BLOCK_SIZE
+    with pytest.raises(ValueError, match="names no DFlash drafter here; pass drafter=None"):
+        speculation_for("ngram", ck, tok, drafter=loaded)
+    with monkeypatch.context() as m:  # on an accelerator (nothing compiles here: only the choices)
+        m.setattr(jax, "default_backend", lambda: "gpu")
+        _, alone = speculation_for("auto", ck, tok)  # it reads the prompt-lookup continuation itself: alone
+        assert isinstance(alone, DraftStep) and alone.max_block_size == 16
+        dec = Decoder(ck.params, ck.cfg, drafter=(params, alone), verify_lengths="auto")
+        assert dec.block_size == 16 and dec.verify_lengths == ()  # the whole block, every round
+        mask_cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=3)
+        mask_folder = export_released(init_drafter_params(mask_cfg), mask_cfg, tmp_path / "mask")
+        m.setattr(hub, "shipped_drafter", lambda identity: mask_folder)
+        _, hybrid = speculation_for("auto", ck, tok)  # a mask-token drafter: beside prompt lookup, its own block
+        assert isinstance(hybrid, HybridStep) and hybrid.default_block is None and hybrid.default_block_size == 16
     small = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     small_folder = export_released(init_drafter_params(small), small, tmp_path / "b4")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: small_folder)
