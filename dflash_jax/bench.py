@@ -164,6 +164,14 @@ def drafter_fingerprint(params, cfg) -> str:
 
 
 def settings_key(settings: dict) -> str:
+    """The 16-hex-digit key a records file is resumed under: a sha256 of ``settings`` without the
+    drafter's folder (``drafter_sha256`` names the drafter whatever its path, so a moved checkout or
+    a copied drafter resumes its records)."""
+    return json_sha256({k: v for k, v in settings.items() if k != "drafter"}, 16)
+
+
+def _legacy_settings_key(settings: dict) -> str:
+    """The key of records files written before 2026-12-03, which hashed the drafter's absolute path too."""
     return json_sha256(settings, 16)
 
 
@@ -193,7 +201,7 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
     if not rows:  # a header cut by a kill before any record: start afresh
         path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
         return []
-    if header.get("settings_key") != key:
+    if header.get("settings_key") not in (key, _legacy_settings_key(settings)):
         raise BenchError(
             f"{path} holds records of a run with other settings ({header.get('settings')}); "
             "pass another --json-out, or delete the file to start over"

@@ -185,6 +185,21 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert sorted((r["dataset"], r["turn"]) for r in fewer) == [("gsm8k", 0), ("mt-bench", 0)]
     assert records.read_text() == before
 
+    # the same drafter from another folder (a moved checkout) resumes: nothing measured, nothing lost
+    shutil.copytree(tmp_path / "drafter", tmp_path / "moved")
+    main([*argv[:4], str(tmp_path / "moved"), *argv[5:]])
+    assert records.read_text() == before
+    # and so does a records file written before the key left the folder out (its key hashed the path)
+    from dflash_jax import bench
+    from dflash_jax.utils import json_sha256
+
+    header, *rest = [json.loads(x) for x in before.splitlines()]
+    assert header["settings_key"] == bench.settings_key(header["settings"]) != json_sha256(header["settings"], 16)
+    legacy = {**header, "settings_key": json_sha256(header["settings"], 16)}
+    records.write_text("".join(json.dumps(r) + "\n" for r in [legacy, *rest]))
+    main(argv)
+    assert len(json.loads(out.read_text())["records"]) == 5 and len(records.read_text().splitlines()) == 6
+
     # other settings into the same records: refused, nothing lost
     with pytest.raises(SystemExit, match="other settings"):
         main([*argv[:8], "--max-new-tokens", "10", "--block-size", "4", "--json-out", str(out), "--no-progress"])
