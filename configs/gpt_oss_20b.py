@@ -6,7 +6,7 @@ The released gpt-oss weights are MXFP4-quantised; save a bfloat16 copy first
 ``save_pretrained``), then:
 
 dflash-jax convert --hf /path/to/gpt-oss-20b-bf16 --out ckpt/gpt_oss_20b
-dflash-jax prepare-data --target ckpt/gpt_oss_20b --out data/gpt_oss_20b \
+dflash-jax prepare-data --target ckpt/gpt_oss_20b --out data/gpt_oss_20b \\
     --prompts ../shared/data/train/gsm8k_train.jsonl
 dflash-jax train --config configs/gpt_oss_20b.py
 """

@@ -3,7 +3,7 @@ public recipe's settings (weights supplied by you; a multimodal Qwen3.5 folder c
 language model).
 
 dflash-jax convert --hf /path/to/Qwen3.5-9B --out ckpt/qwen3_5_9b
-dflash-jax prepare-data --target ckpt/qwen3_5_9b --out data/qwen3_5_9b \
+dflash-jax prepare-data --target ckpt/qwen3_5_9b --out data/qwen3_5_9b \\
     --prompts ../shared/data/train/gsm8k_train.jsonl
 dflash-jax train --config configs/qwen3_5_9b.py
 

@@ -2,7 +2,7 @@
 recipe's settings, on one 8-chip host with experts split 4 ways (weights supplied by you).
 
 dflash-jax convert --hf /path/to/Qwen3-Coder-30B-A3B-Instruct --out ckpt/qwen3_coder_30b_a3b
-dflash-jax prepare-data --target ckpt/qwen3_coder_30b_a3b --out data/qwen3_coder_30b_a3b \
+dflash-jax prepare-data --target ckpt/qwen3_coder_30b_a3b --out data/qwen3_coder_30b_a3b \\
     --prompts ../shared/data/train/code_alpaca_2k.json
 dflash-jax train --config configs/qwen3_coder_30b_a3b.py
 

@@ -6,8 +6,8 @@ most 384 tokens per step with 64 anchors each (the public recipe: 32 x 3072 with
 Data: the target's own greedy answers (cap 256 tokens) to GSM8K-train and Alpaca prompts,
 first 5 shards (640 answers):
 
-    dflash-jax prepare-data --prompts ../shared/data/train/gsm8k_train.jsonl \
-        ../shared/data/train/alpaca_en_1k.json --max-new-tokens 256 --batch-size 16 \
+    dflash-jax prepare-data --prompts ../shared/data/train/gsm8k_train.jsonl \\
+        ../shared/data/train/alpaca_en_1k.json --max-new-tokens 256 --batch-size 16 \\
         --shard-size 128 --out data/smollm2-gsm8k-alpaca        # stop (or let it run) after 5 shards
     dflash-jax train --config configs/smollm2_135m_cpu.py
 """

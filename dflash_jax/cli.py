@@ -23,6 +23,8 @@ from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DRAFT_VOCAB, check_fits
 from dflash_jax.drafter_io import (
+    DRAFT_VOCAB_FILE,
+    carry_draft_vocab,
     drafter_for,
     export_released,
     import_released,
@@ -157,6 +159,12 @@ def _sampling(args):
         sys.exit(f"error: {e}")
 
 
+OVERWRITE_HELP = (
+    "replace --out if it is an empty folder or one dflash-jax wrote holding the same kind of thing "
+    "(a target over a target, a drafter over a drafter); anything else is refused"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dflash-jax",
@@ -168,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "convert",
         help="Hugging Face folder or GGUF file -> orbax target checkpoint",
-        description="Convert a Llama / Qwen2 / Qwen3 checkpoint to a dflash-jax (orbax) target checkpoint.",
+        description="Convert a Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss / Qwen3.5 (and Qwen3.5-MoE) checkpoint to a "
+        "dflash-jax (orbax) target checkpoint (README, 'Targets').",
     )
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json, *.safetensors, tokenizer files)")
@@ -176,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gguf", metavar="FILE", help="GGUF file (dequantised through transformers; needs the [gguf] extra)"
     )
     c.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
-    c.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    c.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     g = sub.add_parser(
         "generate",
@@ -222,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--drafter", metavar="DIR", required=True, help="dflash-jax drafter checkpoint folder")
     e.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     e.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="tensor dtype written")
-    e.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    e.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     i = sub.add_parser(
         "import-drafter",
@@ -234,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--drafter", metavar="DIR", required=True, help="released-format drafter folder")
     i.add_argument("--out", metavar="DIR", required=True, help="output folder (must not exist unless --overwrite)")
     i.add_argument("--target", default=None, help="target checkpoint (or known name) to check the drafter against")
-    i.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    i.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     m = sub.add_parser(
         "prepare-data",
@@ -312,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--drafter",
         default="auto",
-        help="drafter folder, 'auto' (the drafter shipped for this target) or 'random' (a fresh 1-layer drafter, "
-        "seeded by --seed)",
+        help="the DFlash drafter of the numbered rows: a drafter folder, 'auto' (the drafter shipped for this "
+        "target) or 'random' (a fresh 1-layer drafter, seeded by --seed); prompt lookup is its own row "
+        "('ngram'), so generate's 'ngram' and 'none' are not taken here",
     )
     b.add_argument(
         "--dataset",
@@ -528,7 +538,8 @@ def cmd_export_drafter(args) -> None:
         raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint (no {META_FILE}): {hint}")
     params, cfg, identity = load_drafter(args.drafter)
     out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
-    log(f"wrote released-format drafter {out} ({args.dtype})")
+    vocab = carry_draft_vocab(args.drafter, out)
+    log(f"wrote released-format drafter {out} ({args.dtype})" + (f", with its {DRAFT_VOCAB_FILE}" if vocab else ""))
 
 
 def cmd_import_drafter(args) -> None:
@@ -551,7 +562,12 @@ def cmd_import_drafter(args) -> None:
         overwrite=args.overwrite,
         extra_meta={"imported_from": str(args.drafter)},
     )
-    log(f"wrote dflash-jax drafter checkpoint {out}" + ("" if args.target else " (no --target: fit not checked)"))
+    vocab = carry_draft_vocab(args.drafter, out)
+    log(
+        f"wrote dflash-jax drafter checkpoint {out}"
+        + (f", with its {DRAFT_VOCAB_FILE}" if vocab else "")
+        + ("" if args.target else " (no --target: fit not checked)")
+    )
 
 
 def cmd_prepare_data(args) -> None:

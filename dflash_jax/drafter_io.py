@@ -213,6 +213,24 @@ def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
     return np.asarray(ids, np.int32)
 
 
+def carry_draft_vocab(src: str | Path, dst: str | Path) -> bool:
+    """Copy the draft vocabulary stored with the drafter in ``src`` (``draft_vocab.json``, ids and
+    metadata as they are) to the drafter written to ``dst``, as ``import-drafter`` and
+    ``export-drafter`` do: a converted drafter keeps the head it drafts over. Returns whether there
+    was one to copy.
+
+    Raises:
+      CheckpointError: the stored file holds no list of ids, or ``dst`` is not a drafter folder.
+      ValueError: its ids do not fit ``dst``'s vocabulary.
+    """
+    ids = read_draft_vocab(src)  # checks the file before anything is written
+    if ids is None:
+        return False
+    meta = {k: v for k, v in read_json(Path(src) / DRAFT_VOCAB_FILE).items() if k != "ids"}
+    write_draft_vocab(dst, ids.tolist(), **meta)
+    return True
+
+
 def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):
     """The ``(params, DrafterConfig)`` that ``--drafter spec`` names for target ``ck``, or None.
 
@@ -248,10 +266,14 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
     ids = read_draft_vocab(spec)
     if draft_vocab:
         if ids is None or draft_vocab > len(ids):
-            have = "none" if ids is None else f"{len(ids)} tokens"
+            if ids is None:
+                raise ConfigError(
+                    f"--draft-vocab {draft_vocab}: {spec} stores no draft vocabulary ({DRAFT_VOCAB_FILE});"
+                    " pass 0 for the whole vocabulary, or write one with launch/draft_vocab.py"
+                )
             raise ConfigError(
-                f"--draft-vocab {draft_vocab}: {spec} stores {have}; pass at most that, or 0 for the whole"
-                " vocabulary (launch/draft_vocab.py writes a longer list)"
+                f"--draft-vocab {draft_vocab}: {spec} stores {len(ids)} tokens; pass at most that, or 0 for"
+                " the whole vocabulary (launch/draft_vocab.py writes a longer list)"
             )
         ids = ids[:draft_vocab]
     if ids is not None:

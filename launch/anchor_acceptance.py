@@ -9,7 +9,7 @@ round at anchor p commits its acceptance length a and the next starts at p + a),
 a decode of that answer would measure if the target had produced it. No decoding, so any
 sequence of the data (held-out ones included) can be checked.
 
-    .venv/bin/python launch/anchor_acceptance.py --drafter runs/smollm2_v3/best \
+    .venv/bin/python launch/anchor_acceptance.py --drafter runs/smollm2_v3/best \\
         --data data/smollm2-gsm8k-alpaca --shard 12 --count 6
 """
 

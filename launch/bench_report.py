@@ -9,7 +9,7 @@ and the sets in the records (in ``bench``'s order). Issue 20's table is 100 prom
 MATH-500 and MBPP, all MT-Bench first turns and all of HumanEval, two ``bench`` invocations into
 one records file (``--max-samples 100`` for the five sets, then ``--dataset humaneval``):
 
-    .venv/bin/python launch/bench_report.py docs/bench/issue20/table100.records.jsonl \
+    .venv/bin/python launch/bench_report.py docs/bench/issue20/table100.records.jsonl \\
         --out docs/bench/issue20/table100.json
 """
 

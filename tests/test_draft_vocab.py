@@ -8,6 +8,7 @@ list travels with the drafter folder (``draft_vocab.json``).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -183,6 +184,8 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3)
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "d")
     assert read_draft_vocab(folder) is None and DRAFT_VOCAB not in drafter_for(str(folder), ck, tok)[0]
+    with pytest.raises(ConfigError, match="stores no draft vocabulary .draft_vocab.json.; pass 0"):
+        drafter_for(str(folder), ck, tok, draft_vocab=2)
     with pytest.raises(CheckpointError, match="not a drafter folder"):
         write_draft_vocab(tmp_path, [1, 2])
     write_draft_vocab(folder, [9, 4, 7, 1], counted_on="a test")
@@ -193,6 +196,15 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
     assert DRAFT_VOCAB not in drafter_for(str(folder), ck, tok, draft_vocab=0)[0]
     with pytest.raises(ConfigError, match="stores 4 tokens"):
         drafter_for(str(folder), ck, tok, draft_vocab=5)
+    # import-drafter and export-drafter carry the list (ids and metadata) with the weights
+    from dflash_jax.cli import main
+
+    main(["import-drafter", "--drafter", str(folder), "--out", str(tmp_path / "ours"), "--target", str(ck.path)])
+    main(["export-drafter", "--drafter", str(tmp_path / "ours"), "--out", str(tmp_path / "back")])
+    stored = json.loads((folder / DRAFT_VOCAB_FILE).read_text())
+    for d in ("ours", "back"):
+        assert json.loads((tmp_path / d / DRAFT_VOCAB_FILE).read_text()) == stored
+        np.testing.assert_array_equal(drafter_for(str(tmp_path / d), ck, tok)[0][DRAFT_VOCAB]["ids"], [9, 4, 7, 1])
     params, hybrid = speculation_for(str(folder), ck, tok, draft_vocab=3)
     assert isinstance(hybrid, HybridStep) and params[DRAFT_VOCAB]["ids"].shape == (3,)
     from dflash_jax.cli import _describe  # what demo and generate print
