@@ -9,8 +9,9 @@ as the block input; a learned copy bias from 30 on its own lr 0.03) trained on o
 held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping as ``best/`` the drafter with
 the highest tau from the held-out blocks (``eval.best_by``: a wrong forced copy costs about 30 of
 loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by).
-Resumable: rerun the same command after an interruption (SIGKILL included). A later stage on more
-shards continues it through ``init_from`` (``runs/long1/best``).
+Resumable: rerun the same command after an interruption (SIGKILL included). It ended no better than
+the shipped drafter (docs/BENCHMARKS.md, "The long run's end"), so stage 2
+(``smollm2_135m_long2.py``, on more shards) starts from the shipped drafter again, not from it.
 
     .venv/bin/dflash-jax prepare-features --config configs/smollm2_135m_long.py   # shard 5's features (3 min)
     .venv/bin/dflash-jax train --config configs/smollm2_135m_long.py              # about 5 s a step here

@@ -24,7 +24,6 @@ from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DRAFT_VOCAB, check_fits
 from dflash_jax.drafter_io import (
     DRAFT_VOCAB_FILE,
-    carry_draft_vocab,
     drafter_for,
     export_released,
     import_released,
@@ -32,6 +31,7 @@ from dflash_jax.drafter_io import (
     resolve_drafter,
     save_drafter,
     speculation_for,
+    stored_draft_vocab,
 )
 from dflash_jax.errors import CheckpointError, DFlashError
 from dflash_jax.ngram import HybridStep, NgramStep
@@ -537,8 +537,10 @@ def cmd_export_drafter(args) -> None:
         )
         raise CheckpointError(f"{args.drafter} is not a dflash-jax drafter checkpoint (no {META_FILE}): {hint}")
     params, cfg, identity = load_drafter(args.drafter)
-    out = export_released(params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite)
-    vocab = carry_draft_vocab(args.drafter, out)
+    vocab = stored_draft_vocab(args.drafter, cfg.vocab_size)  # checked before anything is written
+    out = export_released(
+        params, cfg, args.out, dtype=args.dtype, target_identity=identity, overwrite=args.overwrite, draft_vocab=vocab
+    )
     log(f"wrote released-format drafter {out} ({args.dtype})" + (f", with its {DRAFT_VOCAB_FILE}" if vocab else ""))
 
 
@@ -549,6 +551,7 @@ def cmd_import_drafter(args) -> None:
             "(--drafter), or export-drafter to get the released format"
         )
     params, cfg, raw = import_released(args.drafter)
+    vocab = stored_draft_vocab(args.drafter, cfg.vocab_size)  # checked before anything is written
     identity = (raw.get("dflash_config") or {}).get("target_identity")
     if args.target is not None:
         ck = checkpoint.load_target(args.target)
@@ -561,8 +564,8 @@ def cmd_import_drafter(args) -> None:
         target_identity=identity,
         overwrite=args.overwrite,
         extra_meta={"imported_from": str(args.drafter)},
+        draft_vocab=vocab,
     )
-    vocab = carry_draft_vocab(args.drafter, out)
     log(
         f"wrote dflash-jax drafter checkpoint {out}"
         + (f", with its {DRAFT_VOCAB_FILE}" if vocab else "")

@@ -40,6 +40,8 @@ from dflash_jax.sharding import placed
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import META_FILE, atomic_folder, atomic_write_text, read_json, read_safetensors
 
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # a drafter's draft vocabulary, stored beside its weights
+
 
 def export_released(
     params,
@@ -49,8 +51,11 @@ def export_released(
     dtype: str = "float32",
     target_identity: dict | None = None,
     overwrite: bool = False,
+    draft_vocab: dict | None = None,
 ) -> Path:
-    """Write ``params`` as a released-format drafter folder (atomic). ``dtype``: float32 or bfloat16."""
+    """Write ``params`` as a released-format drafter folder (atomic). ``dtype``: float32 or bfloat16.
+    ``draft_vocab``: a draft vocabulary to store with it (``stored_draft_vocab``), in the same
+    atomic write."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
     tensors = {}
     for name, (path, transpose) in released_names(cfg).items():
@@ -64,6 +69,8 @@ def export_released(
         config = cfg.to_released(target_identity)
         config["torch_dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        if draft_vocab is not None:
+            (tmp / DRAFT_VOCAB_FILE).write_text(json.dumps(draft_vocab))
     return Path(out)
 
 
@@ -103,11 +110,13 @@ def save_drafter(
     target_identity: dict | None = None,
     overwrite: bool = False,
     extra_meta: dict | None = None,
+    draft_vocab: dict | None = None,
 ) -> Path:
     """Write a drafter checkpoint: ``config.json`` (the released-format config), ``params/`` (orbax)
     and ``dflash_jax.json`` (format, target identity). Atomic: a partial folder is never left at ``out``.
 
     Only the drafter's own parameters are stored; the embedding and LM head stay in the target.
+    ``draft_vocab``: a draft vocabulary to store with it (``stored_draft_vocab``), in the same write.
     """
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
     with atomic_folder(Path(out), overwrite, kind="drafter") as tmp:
@@ -121,6 +130,8 @@ def save_drafter(
         ckptr.wait_until_finished()
         meta = {"format": DRAFTER_FORMAT, "format_version": 1, "target_identity": target_identity, **(extra_meta or {})}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        if draft_vocab is not None:
+            (tmp / DRAFT_VOCAB_FILE).write_text(json.dumps(draft_vocab))
     return Path(out)
 
 
@@ -173,10 +184,8 @@ def resolve_drafter(spec: str, ck: TargetCheckpoint) -> str:
 
 # --- a draft vocabulary stored with a drafter ---------------------------------------------
 
-DRAFT_VOCAB_FILE = "draft_vocab.json"
 
-
-def write_draft_vocab(folder: str | Path, ids, **meta) -> Path:
+def write_draft_vocab(folder: str | Path, ids, /, **meta) -> Path:
     """Store a draft vocabulary with the drafter in ``folder`` (atomically): ``draft_vocab.json``
     ``{"ids": [...], **meta}``, ids most frequent first, so that its first N are the best N
     (``drafter.with_draft_vocab``; docs/BENCHMARKS.md "A draft vocabulary").
@@ -213,22 +222,24 @@ def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
     return np.asarray(ids, np.int32)
 
 
-def carry_draft_vocab(src: str | Path, dst: str | Path) -> bool:
-    """Copy the draft vocabulary stored with the drafter in ``src`` (``draft_vocab.json``, ids and
-    metadata as they are) to the drafter written to ``dst``, as ``import-drafter`` and
-    ``export-drafter`` do: a converted drafter keeps the head it drafts over. Returns whether there
-    was one to copy.
+def stored_draft_vocab(folder: str | Path, vocab_size: int | None) -> dict | None:
+    """The draft vocabulary stored with the drafter in ``folder`` as its JSON object (``{"ids": [...],
+    **metadata}``), checked against ``vocab_size``, or None if there is none: what
+    ``import-drafter`` and ``export-drafter`` pass on (``draft_vocab=`` of ``save_drafter`` and
+    ``export_released``), so a converted drafter keeps the head it drafts over.
 
     Raises:
-      CheckpointError: the stored file holds no list of ids, or ``dst`` is not a drafter folder.
-      ValueError: its ids do not fit ``dst``'s vocabulary.
+      CheckpointError: the file holds no list of ids, or ids repeated or past ``vocab_size``.
     """
-    ids = read_draft_vocab(src)  # checks the file before anything is written
+    ids = read_draft_vocab(folder)
     if ids is None:
-        return False
-    meta = {k: v for k, v in read_json(Path(src) / DRAFT_VOCAB_FILE).items() if k != "ids"}
-    write_draft_vocab(dst, ids.tolist(), **meta)
-    return True
+        return None
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    try:
+        check_draft_vocab(ids, vocab_size)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}; rewrite it with launch/draft_vocab.py") from None
+    return {**read_json(path), "ids": ids.tolist()}
 
 
 def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):

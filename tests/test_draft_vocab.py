@@ -205,6 +205,14 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
     for d in ("ours", "back"):
         assert json.loads((tmp_path / d / DRAFT_VOCAB_FILE).read_text()) == stored
         np.testing.assert_array_equal(drafter_for(str(tmp_path / d), ck, tok)[0][DRAFT_VOCAB]["ids"], [9, 4, 7, 1])
+    # a bad stored list is a one-line error before anything is written (no --out without its list)
+    good = (folder / DRAFT_VOCAB_FILE).read_text()
+    for bad, msg in (('{"ids": [5, 5]}', "these repeat"), (f'{{"ids": [{ck.cfg.vocab_size}]}}', "lie in")):
+        (folder / DRAFT_VOCAB_FILE).write_text(bad)
+        with pytest.raises(SystemExit, match=msg):
+            main(["import-drafter", "--drafter", str(folder), "--out", str(tmp_path / "never")])
+        assert not (tmp_path / "never").exists()
+    (folder / DRAFT_VOCAB_FILE).write_text(good)
     params, hybrid = speculation_for(str(folder), ck, tok, draft_vocab=3)
     assert isinstance(hybrid, HybridStep) and params[DRAFT_VOCAB]["ids"].shape == (3,)
     from dflash_jax.cli import _describe  # what demo and generate print
