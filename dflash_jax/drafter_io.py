@@ -203,12 +203,9 @@ def write_draft_vocab(folder: str | Path, ids, /, **meta) -> Path:
     return path
 
 
-def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
-    """The draft vocabulary stored with a drafter, int32 ``[N]`` most frequent first, or None.
-
-    Raises:
-      CheckpointError: the file exists but holds no list of ids.
-    """
+def _read_draft_vocab_file(folder: str | Path) -> dict | None:
+    """``draft_vocab.json`` of ``folder`` as its JSON object, its ``ids`` checked to be a list of
+    integers >= 0, or None if there is none. Raises CheckpointError otherwise."""
     path = Path(folder) / DRAFT_VOCAB_FILE
     if not path.exists():
         return None
@@ -219,7 +216,17 @@ def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
         raise CheckpointError(
             f"{path} holds no list of token ids (integers >= 0) under 'ids'; rewrite it with launch/draft_vocab.py"
         )
-    return np.asarray(ids, np.int32)
+    return raw
+
+
+def read_draft_vocab(folder: str | Path) -> np.ndarray | None:
+    """The draft vocabulary stored with a drafter, int32 ``[N]`` most frequent first, or None.
+
+    Raises:
+      CheckpointError: the file exists but holds no list of ids.
+    """
+    raw = _read_draft_vocab_file(folder)
+    return None if raw is None else np.asarray(raw["ids"], np.int32)
 
 
 def stored_draft_vocab(folder: str | Path, vocab_size: int | None) -> dict | None:
@@ -231,15 +238,15 @@ def stored_draft_vocab(folder: str | Path, vocab_size: int | None) -> dict | Non
     Raises:
       CheckpointError: the file holds no list of ids, or ids repeated or past ``vocab_size``.
     """
-    ids = read_draft_vocab(folder)
-    if ids is None:
-        return None
-    path = Path(folder) / DRAFT_VOCAB_FILE
-    try:
-        check_draft_vocab(ids, vocab_size)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: {e}; rewrite it with launch/draft_vocab.py") from None
-    return {**read_json(path), "ids": ids.tolist()}
+    raw = _read_draft_vocab_file(folder)
+    if raw is not None:
+        try:
+            check_draft_vocab(raw["ids"], vocab_size)
+        except ValueError as e:
+            raise CheckpointError(
+                f"{Path(folder) / DRAFT_VOCAB_FILE}: {e}; rewrite it with launch/draft_vocab.py"
+            ) from None
+    return raw
 
 
 def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):
@@ -276,12 +283,12 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         return jax.device_put(params), cfg
     ids = read_draft_vocab(spec)
     if draft_vocab:
-        if ids is None or draft_vocab > len(ids):
-            if ids is None:
-                raise ConfigError(
-                    f"--draft-vocab {draft_vocab}: {spec} stores no draft vocabulary ({DRAFT_VOCAB_FILE});"
-                    " pass 0 for the whole vocabulary, or write one with launch/draft_vocab.py"
-                )
+        if ids is None:
+            raise ConfigError(
+                f"--draft-vocab {draft_vocab}: {spec} stores no draft vocabulary ({DRAFT_VOCAB_FILE});"
+                " pass 0 for the whole vocabulary, or write one with launch/draft_vocab.py"
+            )
+        if draft_vocab > len(ids):
             raise ConfigError(
                 f"--draft-vocab {draft_vocab}: {spec} stores {len(ids)} tokens; pass at most that, or 0 for"
                 " the whole vocabulary (launch/draft_vocab.py writes a longer list)"
