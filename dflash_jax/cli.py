@@ -16,25 +16,21 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
-from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts
+from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts, speculation
 from dflash_jax.decode import Decoder
-from dflash_jax.drafter import DRAFT_VOCAB, check_fits
+from dflash_jax.drafter import check_fits
 from dflash_jax.drafter_io import (
     DRAFT_VOCAB_FILE,
-    drafter_for,
     export_released,
     import_released,
     load_drafter,
-    resolve_drafter,
     save_drafter,
-    speculation_for,
     stored_draft_vocab,
 )
 from dflash_jax.errors import CheckpointError, DFlashError
-from dflash_jax.ngram import HybridStep, NgramStep
+from dflash_jax.ngram import NgramStep
 from dflash_jax.sampling import Sampling
 from dflash_jax.tokens import encode, stop_ids
 from dflash_jax.train import Trainer
@@ -105,49 +101,29 @@ def _add_speculation(p) -> None:
     )
 
 
-def _verify_lengths(args):
-    """``--verify-lengths`` for ``Decoder``; the drafting flags are checked here too, before any model loads."""
-    names = ("auto", "none", "random", "ngram")
-    if args.drafter not in names and not Path(args.drafter).is_dir():
-        sys.exit(f"error: --drafter {args.drafter} does not exist (give a drafter folder or one of {', '.join(names)})")
-    if getattr(args, "block_size", None) is not None and min(np.atleast_1d(args.block_size)) < 2:
-        sys.exit("error: --block-size must be >= 2 (a drafter proposes block size - 1 tokens; --drafter none is plain)")
+def _check_speculation(args) -> None:
+    """The drafting flags' checks that need no model (``speculation.check_request``), made before one loads."""
     try:
-        NgramStep(args.ngram_max, args.ngram_min)
-    except ValueError as e:
-        sys.exit(f"error: --ngram-max / --ngram-min: {e}")
-    if getattr(args, "draft_vocab", None) is not None and args.draft_vocab < 0:
-        sys.exit(
-            f"error: --draft-vocab takes a number of tokens >= 0 (0: the whole vocabulary); got {args.draft_vocab}"
-        )
-    if args.verify_lengths in ("auto", "full"):
-        return None if args.verify_lengths == "full" else "auto"
-    try:
-        lengths = [int(x) for x in args.verify_lengths.split(",")]
-    except ValueError:
-        lengths = []
-    if not lengths or min(lengths) < 1:
-        sys.exit(
-            f"error: --verify-lengths takes auto, full or positive numbers such as 1,4,16; got {args.verify_lengths!r}"
-        )
-    return lengths
+        speculation.check_request(args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths)
+    except (ValueError, DFlashError) as e:
+        sys.exit(f"error: {e}")
 
 
-def _speculation(args, ck, tok, drafter=None):
-    """The drafter ``Decoder`` takes for ``--drafter`` / ``--prompt-lookup`` / ``--ngram-*``
-    (``drafter``: that ``--drafter``'s ``(params, DrafterConfig)`` when already loaded)."""
+def _plan(args, ck, tok, drafter=None, **overrides):
+    """The ``speculation.plan_for`` of the drafting flags (``drafter``: a ``speculation.Drafter``
+    already loaded for ``--drafter``; ``overrides``: settings other than the flags')."""
+    settings = dict(
+        prompt_lookup=args.prompt_lookup == "on",
+        ngram_max=args.ngram_max,
+        ngram_min=args.ngram_min,
+        block_size=getattr(args, "block_size", None),
+        verify_lengths=args.verify_lengths,
+        calibrate=args.calibrate == "on",
+        draft_vocab=args.draft_vocab,
+        seed=getattr(args, "seed", 0),
+    )
     try:
-        return speculation_for(
-            args.drafter,
-            ck,
-            tok,
-            prompt_lookup=args.prompt_lookup == "on",
-            ngram_max=args.ngram_max,
-            ngram_min=args.ngram_min,
-            seed=getattr(args, "seed", 0),
-            draft_vocab=args.draft_vocab,
-            drafter=drafter,
-        )
+        return speculation.plan_for(ck, drafter or args.drafter, tok, **{**settings, **overrides})
     except ValueError as e:
         sys.exit(f"error: {e}")
 
@@ -435,7 +411,8 @@ def cmd_generate(args) -> None:
         sys.exit(
             "error: --stream prints the text as it is decoded and --json one object per prompt at its end; choose one"
         )
-    sampling, verify_lengths = _sampling(args), _verify_lengths(args)  # checked before the model loads
+    sampling = _sampling(args)
+    _check_speculation(args)  # before the model loads
     items = (
         [prompts.Prompt(args.prompt, "--prompt")]
         if args.prompt is not None
@@ -443,27 +420,9 @@ def cmd_generate(args) -> None:
     )
     texts = [p.text for p in items]
     ck, tok = _load(args)
-    try:
-        dec = Decoder(
-            ck.params,
-            ck.cfg,
-            drafter=_speculation(args, ck, tok),
-            block_size=args.block_size,
-            sampling=sampling,
-            verify_lengths=verify_lengths,
-            calibrate=args.calibrate == "on",
-        )
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    log(
-        f"drafter: {args.drafter}"
-        + (
-            f" ({_describe(dec.drafter)}), block size {dec.block_size}, "
-            f"verify lengths {dec.verify_lengths or dec.block_size}"
-            if dec.drafter is not None
-            else " (plain decoding)"
-        )
-    )
+    plan = _plan(args, ck, tok)
+    dec = Decoder(ck.params, ck.cfg, plan, sampling=sampling)
+    log(f"drafter: {args.drafter} ({plan.describe() if plan is not None else 'plain decoding'})")
     stops = stop_ids(tok)
     all_ids = [encode(tok, t, args.chat) for t in texts]  # check every prompt before decoding any
     context = ck.cfg.max_position_embeddings
@@ -656,46 +615,36 @@ def cmd_bench(args) -> None:
             items = [p for d in datasets for p in prompts.load_eval_prompts(d, None, args.max_samples, args.max_turns)]
     except DFlashError as e:
         sys.exit(f"error: {e}")
-    sampling, verify_lengths = _sampling(args), _verify_lengths(args)  # checked before the model loads
+    sampling = _sampling(args)
+    _check_speculation(args)  # before the model loads
     ck, tok = _load(args)
-    drafter_path = resolve_drafter(args.drafter, ck)
-    if drafter_path in ("none", "ngram"):
+    drafter = speculation.load(args.drafter, ck, tok, seed=args.seed, draft_vocab=args.draft_vocab)  # once
+    if isinstance(drafter, str):  # "none" or "ngram": no DFlash drafter
         sys.exit(
             f"error: bench compares a DFlash drafter with prompt lookup (its 'ngram' row) and plain decoding; "
             f"pass --drafter FOLDER or random (no drafter is shipped for {args.target})"
-            if drafter_path == "none"
+            if drafter == "none"
             else "error: bench measures prompt lookup in its own 'ngram' row; pass a DFlash --drafter (or auto)"
         )
-    drafter = drafter_for(drafter_path, ck, tok, seed=args.seed, draft_vocab=args.draft_vocab)
-    blocks = args.block_size or [drafter[1].block_size]
+    blocks = args.block_size or [drafter.cfg.block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
-    try:
-        plain = Decoder(ck.params, ck.cfg, sampling=sampling)
-        spec = {b: Decoder(ck.params, ck.cfg, drafter=drafter, block_size=b, sampling=sampling) for b in blocks}
-        if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it
-            arms.append("ngram")
-            ngram = NgramStep(args.ngram_max, args.ngram_min, max(blocks))
-            spec["ngram"] = Decoder(ck.params, ck.cfg, drafter=ngram, sampling=sampling)
-        if args.default_arm == "on":  # what generate does with these flags
-            arms.append("default")
-            default_step = _speculation(args, ck, tok, drafter)
-            spec["default"] = Decoder(
-                ck.params,
-                ck.cfg,
-                # --drafter as given: 'auto' is generate's default (on a CPU the shipped drafter beside
-                # prompt lookup at block 8, not the drafter alone that the DFlash rows measure), a
-                # folder is that drafter
-                drafter=default_step,
-                sampling=sampling,
-                verify_lengths=verify_lengths,
-                calibrate=args.calibrate == "on",
-            )
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    plans: dict = {
+        b: _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None) for b in blocks
+    }
+    if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it, at the largest block
+        arms.append("ngram")
+        ngram = NgramStep(args.ngram_max, args.ngram_min, max(blocks))
+        plans["ngram"] = speculation.make_plan(ngram, label="prompt lookup alone")
+    if args.default_arm == "on":  # what generate does with these flags, at generate's default block: with
+        # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone
+        arms.append("default")
+        plans["default"] = _plan(args, ck, tok, drafter, block_size=None)
+    plain = Decoder(ck.params, ck.cfg, sampling=sampling)
+    spec = {arm: Decoder(ck.params, ck.cfg, plan, sampling=sampling) for arm, plan in plans.items()}
     settings = {
         "target": ck.identity,
-        "drafter": str(Path(drafter_path).resolve()),
-        "drafter_sha256": bench.drafter_fingerprint(*drafter),
+        "drafter": str(Path(drafter.source).resolve()),
+        "drafter_sha256": bench.drafter_fingerprint(drafter.params, drafter.cfg),
         "block_sizes": blocks,
         **({"arms": [str(a) for a in arms]} if arms != list(blocks) else {}),
         **(
@@ -705,8 +654,8 @@ def cmd_bench(args) -> None:
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
                     "code": "speculation_for v4",  # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8
-                    "runs": _describe(default_step),
-                    "block_size": spec["default"].block_size,
+                    "runs": plans["default"].label,
+                    "block_size": plans["default"].block_size,
                 }
             }
             if "default" in arms
@@ -758,20 +707,20 @@ def cmd_demo(args) -> None:
         sys.exit(f"error: --max-new-tokens must be >= 1; got {args.max_new_tokens}")
     ck, tok = _load(args)
     ids = encode(tok, args.prompt, chat=True)
-    shipped = resolve_drafter("auto", ck)
-    drafter = drafter_for(shipped, ck, tok)  # None with no drafter shipped
-    defaults = speculation_for("auto", ck, tok, drafter=drafter)  # what generate does without flags
-    runs = [("plain", None, None, None)]
-    if drafter is not None:
-        runs.append((f"{_describe(drafter)} ({Path(shipped).name})", drafter, None, None))  # at its own block
+    shipped = speculation.load("auto", ck, tok)  # "none" with no drafter shipped
+    defaults = speculation.plan_for(ck, "auto" if isinstance(shipped, str) else shipped, tok)  # generate's, no flags
+    runs = [("plain", None)]
+    if not isinstance(shipped, str):  # the drafter alone, at its own block
+        alone = speculation.plan_for(ck, shipped, prompt_lookup=False, verify_lengths=None)
+        runs.append((f"{alone.label} ({Path(shipped.source).name})", alone))
     runs += [
-        ("prompt lookup alone", NgramStep(), 16, None),
-        (f"the defaults: {_describe(defaults)}", defaults, None, "auto"),
+        ("prompt lookup alone", speculation.make_plan(NgramStep(), block_size=16)),
+        (f"the defaults: {defaults.label if defaults else 'plain'}", defaults),
     ]
     rows = []
-    for name, drafter, block, lengths in runs:
-        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block, verify_lengths=lengths)
-        name += f", block {dec.block_size}" + (", verify lengths auto" if lengths else "")
+    for name, plan in runs:
+        dec = Decoder(ck.params, ck.cfg, plan)
+        name += f", block {dec.block_size}" + (", verify lengths auto" if plan is defaults else "")
         try:
             dec.generate([ids], args.max_new_tokens, stop_ids(tok))  # compile (cached on disk for next time)
             rows.append((name, dec.generate([ids], args.max_new_tokens, stop_ids(tok))[0]))
@@ -802,24 +751,6 @@ def cmd_demo(args) -> None:
         "machine) they take prompt lookup's draft where the last 2 tokens occurred before and the drafter's "
         "elsewhere, at block 8 (or the drafter's, if smaller). docs/BENCHMARKS.md has the tables"
     )
-
-
-def _describe(step) -> str:
-    """Words for a ``speculation_for`` result: which drafter the loop runs."""
-    if step is None:
-        return "plain"
-    params, step = step if isinstance(step, tuple) else (None, step)  # (params, step or DrafterConfig)
-    vocab = params.get(DRAFT_VOCAB) if isinstance(params, dict) else None
-    over = f" over {vocab['ids'].shape[0]} tokens" if vocab is not None else ""
-    if isinstance(step, NgramStep):
-        return "prompt lookup alone"
-    if isinstance(step, HybridStep):
-        return f"{'DFlash 2' if step.cfg.dflash2 else 'DFlash'}{over} + prompt lookup"
-    cfg = getattr(step, "cfg", step)
-    if not hasattr(cfg, "dflash2"):  # a draft step of another kind (a test's oracle, say)
-        return type(step).__name__
-    kind = ("DFlash 2" if cfg.dflash2 else "DFlash") + over
-    return f"{kind} reading prompt lookup" if cfg.block_input == "ngram" else f"{kind} alone"
 
 
 def main(argv=None) -> None:

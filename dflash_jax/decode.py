@@ -11,11 +11,12 @@ Each round of the loop (SPEC "Inference loop"), for every sequence of the batch 
 4. **commit**: ``start += a + 1`` (cut at a stop token or the length limit); the
    target features of the committed positions become drafter context.
 
-Block size 1 (no drafter) is plain autoregressive decoding in the same loop. Other draft
-steps plug into step 1 (``Decoder``): ``dflash_jax.ngram.NgramStep`` proposes by prompt lookup
-and says how many of its draft tokens are real, so step 3 never accepts padding.
+Block size 1 (no drafter) is plain autoregressive decoding in the same loop. What step 1 runs
+is a speculation plan (``speculation.Plan``: a draft step, the block size, the verify lengths);
+every draft step answers with one ``steps.Draft`` (tokens, how many are real, confidence, and
+under sampling ``q``), so step 3 never accepts padding and the loop never asks what drafted.
 
-With ``Sampling(temperature > 0, ...)`` the drafter samples its block from its tempered
+With ``Sampling(temperature > 0, ...)`` the step samples its block from its tempered
 distribution ``q`` and step 3 becomes speculative rejection sampling against the target's
 ``p`` (``dflash_jax.sampling``); every sequence has its own PRNG key (from its seed), folded
 with the round number, so a request's output does not depend on the batch it is in.
@@ -46,18 +47,12 @@ import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 
-from dflash_jax.drafter import DrafterConfig, DraftStep
 from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.sharding import axis_rules
+from dflash_jax.speculation import Plan
 from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache, pad_pending
 
 Array = jax.Array
-
-
-# The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
-# compute-bound (a 16-token verify costs 2.1-3.8 plain steps on the 2-core machines this project
-# runs on; docs/BENCHMARKS.md "Speculative round cost"). Their costs are measured on the machine.
-AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -108,15 +103,6 @@ def _row_keys(key: Array, salt: Array) -> tuple[Array, Array]:
     """Two fresh keys per row from the row's key folded with ``salt [B]``."""
     k = jax.vmap(lambda k, s: jax.random.split(jax.random.fold_in(k, s)))(key, salt)
     return k[:, 0], k[:, 1]
-
-
-def _with_count(out) -> tuple[Array, Array | None, Array | None]:
-    """A draft step's ``draft``/``logits`` output split into the array, its per-row count of real
-    draft tokens (``num_draft`` int32 ``[B]``; ``None``: all real) and its per-offset confidence
-    (float32 ``[B, K]``, the step's estimate that offset ``k``'s token is right; ``None``: unknown)."""
-    if not isinstance(out, tuple):
-        return out, None, None
-    return (*out, None) if len(out) == 2 else out
 
 
 def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, costs) -> tuple[Array, Array]:
@@ -186,17 +172,6 @@ def update_calibration(stats: Array, conf: Array, accepted: Array, checked: Arra
     onehot = jax.nn.one_hot(_conf_bins(conf), CALIBRATION_BINS, dtype=jnp.float32)  # [B, K, bins]
     counts = jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
     return stats + counts
-
-
-def _samples_itself(step) -> bool:
-    """A draft step that samples its own draft (DFlash 2's selector walk) instead of the loop
-    sampling each offset from its logits."""
-    return getattr(getattr(step, "cfg", None), "dflash2", False)
-
-
-def sample_draft(key: Array, q: Array) -> Array:
-    """Draft tokens ``[B, K]``: one independent sample per offset from the drafter's ``q [B, K, V]``."""
-    return jax.vmap(sample)(key, q)
 
 
 def prefill(
@@ -321,25 +296,23 @@ def decode_loop(
         if drafter is not None:
             # a finished (or padding) row drafts nothing: block_valid 1 (the anchor alone) lets a step skip it
             valid = jnp.where(active, verify_size, 1)
-            args = (drafter_params, target_params, dcache, block[:, 0], s.start, valid, bs)
-            if sampling.greedy:
-                draft, num_draft, conf = _with_count(drafter.draft(*args, tokens=s.tokens))
-            elif _samples_itself(drafter):  # DFlash 2: its selector draws the draft and gives q
-                # (and a confidence that does not depend on the draws, so neither does the verify length)
-                draft, q, num_draft, conf = drafter.sample(
-                    *args, key=k_draft, temperature=sampling.temperature, tokens=s.tokens
-                )
-            else:
-                draft_logits, num_draft, conf = _with_count(drafter.logits(*args, tokens=s.tokens))
-                q = probs(draft_logits, sampling)
-                draft = sample_draft(k_draft, q)
-                conf = jnp.max(q, axis=-1) if conf is None else conf
-            if num_draft is not None:  # the step drafted fewer real tokens than the block holds
-                num_valid = jnp.minimum(num_valid, num_draft)
-            block = block.at[:, 1:].set(draft)
+            draft = drafter.propose(
+                drafter_params,
+                target_params,
+                dcache,
+                block[:, 0],
+                s.start,
+                valid,
+                bs,
+                tokens=s.tokens,
+                key=k_draft,
+                sampling=sampling,
+            )
+            q, conf = draft.q, draft.confidence
+            num_valid = jnp.minimum(num_valid, draft.num)  # the step may have fewer real tokens than the block
+            block = block.at[:, 1:].set(draft.tokens)
         calibration = s.calibration
         if len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
-            conf = jnp.ones(block[:, 1:].shape, jnp.float32) if conf is None else conf
             trusted = calibrate(conf, calibration) if shape.calibrate else conf
             choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs)
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
@@ -352,7 +325,7 @@ def decode_loop(
             match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] <= num_valid[:, None])
             a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
             bonus = jnp.take_along_axis(posterior, a[:, None], axis=1)
-        elif q is None:  # plain sampling
+        elif drafter is None:  # plain sampling
             a, bonus = jnp.zeros_like(s.start), jax.vmap(sample)(k_accept, out[:, 0])[:, None]
         else:
             a, bonus = accept(k_accept, block[:, 1:], q, out, num_valid)
@@ -423,112 +396,27 @@ class Decoder:
     """
 
     def __init__(
-        self,
-        target_params,
-        cfg: TargetConfig,
-        drafter=None,
-        block_size: int | None = None,
-        mesh=None,
-        sampling: Sampling = GREEDY,
-        verify_lengths: Sequence[int] | str | None = None,
-        verify_costs: Sequence[float] | None = None,
-        calibrate: bool = True,
+        self, target_params, cfg: TargetConfig, plan: Plan | None = None, *, sampling: Sampling = GREEDY, mesh=None
     ):
         """Args:
-          target_params, cfg: the target (``Target`` parameters and config).
-          drafter: ``None`` (plain decoding, block size 1), ``(params, DrafterConfig)``, or
-            ``(params, step)`` with any *draft step*: an object with ``tap_layers`` (target layer
-            ids whose outputs it reads), ``max_block_size``, ``init_cache(batch, cache_len)``,
-            ``write_context(params, cache, feats, start)`` and ``draft(params, target_params,
-            cache, anchor, start, block_valid, block_len, *, tokens) -> [B, block_len - 1] int32``
-            (``DraftStep`` is the real one; ``NgramStep`` drafts by prompt lookup; tests plug in
-            an oracle); sampling also needs its ``logits(...)`` (same arguments, ``[B, block_len
-            - 1, V]``, turned into ``q`` by the sampling settings). ``tokens`` is the loop's token
-            buffer ``[B, S + block]`` int32 (committed tokens at positions ``0 .. start``, stale
-            slots after). A step may return ``(out, num_draft)`` from ``draft``/``logits``:
-            only draft offsets ``1 .. num_draft [B]`` are real and can be accepted; or
-            ``(out, num_draft, conf)`` with ``conf`` float32 ``[B, block_len - 1]``, its
-            confidence in each draft token (``num_draft`` may be None), which ``verify_lengths``
-            uses. A step may name the block size it prefers, ``default_block_size`` (at most
-            ``max_block_size``). A step without parameters may be passed alone
-            (``drafter=NgramStep()``).
-          block_size: speculative block size (default: the step's ``default_block_size`` where it
-            has one, else its ``max_block_size``; raised to the longest of explicit
-            ``verify_lengths`` that the step can take).
-          mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
-            (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
-            so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
-          sampling: ``Sampling`` settings (default greedy); lossless in distribution (SPEC "Sampling").
-          verify_lengths: block lengths the loop may verify each round (each compiled once, one
-            ``lax.switch`` inside the loop; the block size is always one of them). Per round the
-            loop picks the one that commits most tokens per unit of ``verify_costs``
-            (``choose_verify_length``, from the draft step's confidences; a step that gives none
-            is trusted fully, so only ``num_draft`` limits it). Default: the block size only,
-            the plain SPEC loop. ``"auto"``: on a CPU ``AUTO_VERIFY_LENGTHS`` up to the block size
-            (a long verify is compute-bound there), elsewhere the block size only.
-            Output is unchanged either way (greedy: token for token).
-          verify_costs: a round's cost at each verify length, in any unit; default (or
-            ``"measure"``): measured on this machine when a shape is first compiled
-            (``measure_verify_costs``: the target's verify at each length, timed).
-          calibrate: with ``verify_lengths``, correct the step's confidence row by row from the
-            acceptance its earlier rounds saw (``calibrate``); ``False`` trusts the step as it is.
-
-        Raises:
-          ValueError: a block size the drafter cannot take (below 2 or above its ``block_size``),
-            sampling with a draft step that has no ``logits``, or verify lengths outside
-            ``[1, block size]`` or costs that do not match them.
+        target_params, cfg: the target (``Target`` parameters and config).
+        plan: what each round drafts and verifies (``speculation.make_plan`` / ``plan_for``);
+          ``None``: plain decoding (block size 1).
+        sampling: ``Sampling`` settings (default greedy); lossless in distribution (SPEC "Sampling").
+        mesh: optional ``(data, fsdp, tensor)`` mesh; pass target parameters placed on it
+          (``load_target(..., mesh=mesh)``). The loop is compiled under the logical-axis table,
+          so the KV cache is split over heads (``tensor``) and the batch over ``data`` x ``fsdp``.
         """
         # Host (numpy) parameters would be copied to the device on every call: place them once.
         self.params, self.cfg, self.mesh, self.sampling = _on_device(target_params), cfg, mesh, sampling
-        self.drafter_params, self.drafter = None, None
-        if drafter is None:
-            if block_size not in (None, 1):
-                raise ValueError("block_size > 1 needs a drafter")
-            self.block_size = 1
-        else:
-            if not isinstance(drafter, (tuple, list)):  # a draft step without parameters
-                drafter = (None, drafter)
-            self.drafter_params, step = _on_device(drafter[0]), drafter[1]
-            self.drafter = DraftStep(step, cfg) if isinstance(step, DrafterConfig) else step
-            limit = self.drafter.max_block_size
-            default = getattr(self.drafter, "default_block_size", limit)
-            if block_size is None and verify_lengths not in (None, "auto"):  # long enough for the lengths asked
-                default = max([default, *(int(n) for n in verify_lengths if int(n) <= limit)])
-            self.block_size = int(default if block_size is None else block_size)
-            if not 2 <= self.block_size <= limit:
-                raise ValueError(
-                    f"block size {self.block_size} not in [2, {limit}] for this drafter; "
-                    f"pass --block-size between 2 and {limit}"
-                )
-            if not sampling.greedy and not hasattr(self.drafter, "logits"):
-                raise ValueError("sampling needs the draft step's logits(); this one only drafts greedily")
-        if verify_lengths == "auto":
-            cpu = jax.default_backend() == "cpu"
-            verify_lengths = [n for n in AUTO_VERIFY_LENGTHS if n <= self.block_size] if cpu else None
-        lengths = sorted({int(x) for x in (verify_lengths or ())} | {self.block_size})
-        if lengths[0] < 1 or lengths[-1] > self.block_size:
-            limit = self.drafter.max_block_size if self.drafter is not None else 1
-            fix = (
-                f"pass shorter ones or a larger --block-size (this drafter's longest block is {limit})"
-                if lengths[0] >= 1 and lengths[-1] <= limit
-                else f"pass lengths from 1 to {limit}, the longest block this drafter drafts"
-            )
-            raise ValueError(
-                f"verify lengths {list(verify_lengths)} must lie in [1, block size {self.block_size}]; {fix}"
-            )
-        self._measure = verify_costs in (None, "measure") and len(lengths) > 1
-        if verify_costs in (None, "measure"):
-            verify_costs = [1.0] * len(lengths)  # replaced by the measured costs of each shape
-        verify_costs = [float(c) for c in np.asarray(verify_costs, np.float64).ravel()]
-        if len(verify_costs) != len(lengths) or not all(0 < c < float("inf") for c in verify_costs):
-            raise ValueError(
-                f"verify_costs {list(verify_costs)} must give one positive cost per verify length {lengths}"
-            )
-        self.verify_lengths = tuple(lengths) if len(lengths) > 1 else ()
-        if self.verify_lengths and isinstance(self.drafter, DraftStep):  # its confidences choose the length
-            self.drafter = dataclasses.replace(self.drafter, confidence=True)
-        self.verify_costs = tuple(float(c) for c in verify_costs) if len(lengths) > 1 else ()
-        self.calibrate = bool(calibrate)
+        self.plan = plan
+        self.drafter = plan.step if plan is not None else None
+        self.drafter_params = _on_device(plan.params) if plan is not None else None
+        self.block_size = plan.block_size if plan is not None else 1
+        self.verify_lengths = plan.verify_lengths if plan is not None else ()
+        self.calibrate = plan.calibrate if plan is not None else True
+        self._measure = bool(self.verify_lengths) and plan.verify_costs is None
+        self.verify_costs = (plan.verify_costs or ()) if plan is not None else ()
         self._compiled: dict[tuple, tuple] = {}
         self._measured: dict[tuple, tuple[float, ...]] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)

@@ -31,6 +31,7 @@ from dflash_jax import masks
 from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
 from dflash_jax.ngram import ngram_match
+from dflash_jax.steps import Draft, all_real, sampled
 from dflash_jax.target import Target, TargetConfig, write_block
 
 Array = jax.Array
@@ -865,7 +866,6 @@ class DraftStep:
 
     cfg: DrafterConfig
     target_cfg: TargetConfig
-    confidence: bool = False  # draft() also returns each token's probability (for Decoder verify_lengths)
 
     @property
     def tap_layers(self) -> tuple[int, ...]:
@@ -873,6 +873,10 @@ class DraftStep:
 
     @property
     def max_block_size(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def default_block_size(self) -> int:
         return self.cfg.block_size
 
     def init_cache(self, batch: int, cache_len: int):
@@ -916,63 +920,36 @@ class DraftStep:
         hidden = Drafter(self.cfg).apply({"params": _model_params(params)}, emb, positions, cache, masks)[:, 1:]
         return hidden, draft_scores(hidden, params, target_params, self.target_cfg, self.cfg, block, num, matched)
 
-    def draft(
-        self,
-        params,
-        target_params,
-        cache,
-        anchor: Array,
-        start: Array,
-        block_valid: Array,
-        block_len: int,
-        *,
-        tokens: Array | None = None,
-    ):
-        """Greedy draft tokens ``[B, block_len - 1]`` for the blocks of ``logits`` (DFlash 2: the
-        selector's greedy walk, ``select``); with ``confidence``, ``(tokens, None, probability of
-        each token [B, block_len - 1])`` (DFlash 2: its probability among the offset's candidates)."""
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        """The drafter's ``Draft`` for the blocks of ``logits`` (``steps``; every token real).
+
+        Greedy: DFlash's argmax per offset, confidence its largest probability; DFlash 2 the
+        selector's greedy walk (``select``), confidence its probability among the offset's
+        candidates. Sampled (``key``: per-row keys ``[B]``): DFlash draws each offset from
+        ``probs(logits, sampling)``, the ``q`` it returns, confidence its largest probability;
+        DFlash 2 draws the selector's walk at ``sampling.temperature`` (SPEC "DFlash 2" 2;
+        ``dflash_generate`` with ``draft_indices``), ``q`` the walk's distribution over each
+        offset's candidates scattered onto the vocabulary (0 elsewhere), and its confidence is the
+        head's largest probability at that temperature, not the walk's: the walk's q at offset
+        ``j + 1`` depends on the token drawn at ``j``, and a verify length chosen from the draws
+        would decide from a drawn token whether it is checked at all, which biases the output."""
         hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
-        if self.cfg.dflash2:
-            draft, _, q = select(params, self.cfg, hidden, scores, anchor, 0.0)
-            conf = jnp.max(q, axis=-1)
-        else:
+        if sampling.greedy:
+            if self.cfg.dflash2:
+                draft, _, q = select(params, self.cfg, hidden, scores, anchor, 0.0)
+                return Draft(draft, all_real(draft), jnp.max(q, axis=-1))
             draft = scores.tokens(jnp.argmax(scores.logits, axis=-1))
-            conf = jnp.max(jax.nn.softmax(scores.logits, axis=-1), axis=-1)
-        return (draft, None, conf) if self.confidence else draft
-
-    def sample(
-        self,
-        params,
-        target_params,
-        cache,
-        anchor: Array,
-        start: Array,
-        block_valid: Array,
-        block_len: int,
-        *,
-        key: Array,
-        temperature: float,
-        tokens: Array | None = None,
-    ) -> tuple[Array, Array, None, Array]:
-        """DFlash 2 under sampling: the selector's sampled walk ``(draft int32 [B, K], q float32
-        [B, K, V], None, confidence float32 [B, K])`` (``K = block_len - 1``), q the walk's
-        distribution over each offset's candidates scattered onto the vocabulary (0 elsewhere),
-        which the loop's rejection rule reads (SPEC "DFlash 2" 2; ``dflash_generate`` with
-        ``draft_indices``); ``None``: every offset is a real draft token. ``key``: per-row keys ``[B]``.
-
-        The confidence (what the loop's verify-length choice reads) is the head's largest
-        probability per offset at ``temperature``, not the walk's q: q at offset j + 1 depends on the
-        token drawn at offset j, and a verify length chosen from the draws would decide whether a
-        drawn token is checked at all from the token itself, which biases the output (the rejection
-        rule is exact only for a length fixed before the draws)."""
-        hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
-        draft, candidates, q = select(params, self.cfg, hidden, scores, anchor, temperature, key)
+            return Draft(draft, all_real(draft), jnp.max(jax.nn.softmax(scores.logits, axis=-1), axis=-1))
+        if not self.cfg.dflash2:
+            draft, q = sampled(key, scores.dense(self.cfg.vocab_size), sampling)
+            return Draft(draft, all_real(draft), jnp.max(q, axis=-1), q)
+        draft, candidates, q = select(params, self.cfg, hidden, scores, anchor, sampling.temperature, key)
         dense = jnp.zeros((*draft.shape, self.cfg.vocab_size), jnp.float32)
         b, k = jnp.indices(candidates.shape[:2])
-        conf = jnp.max(jax.nn.softmax(scores.logits / temperature, axis=-1), axis=-1)
+        conf = jnp.max(jax.nn.softmax(scores.logits / sampling.temperature, axis=-1), axis=-1)
         # add, not set: with a draft vocabulary shorter than selector_top_k, -inf columns (q = 0) can
         # name a token another candidate names too
-        return draft, dense.at[b[..., None], k[..., None], candidates].add(q), None, conf
+        return Draft(draft, all_real(draft), conf, dense.at[b[..., None], k[..., None], candidates].add(q))
 
 
 def check_fits(

@@ -7,8 +7,8 @@ PyTorch ``Linear`` weights ``[out, in]`` under ``layers.{i}.self_attn.{q,k,v,o}_
 ``hidden_norm.weight``. Our parameter pytree uses the same names with ``layers_{i}`` and
 ``[in, out]`` kernels, so the mapping (``drafter.released_names``) is a rename plus a transpose.
 
-``drafter_for`` turns what a user passes as ``--drafter`` (a folder, ``auto``, ``random``,
-``none``) into the drafter the decoder takes, checked against the target.
+``drafter_for`` loads what a user passes as ``--drafter`` (a folder, ``auto``, ``random``,
+``none``), checked against the target; ``speculation.load`` and ``plan_for`` build on it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dflash_jax import hub
 from dflash_jax.checkpoint import TargetCheckpoint, restore_params
 from dflash_jax.drafter import (
     DrafterConfig,
-    DraftStep,
     check_draft_vocab,
     check_fits,
     drafter_param_shapes,
@@ -35,7 +34,6 @@ from dflash_jax.drafter import (
     with_draft_vocab,
 )
 from dflash_jax.errors import CheckpointError, ConfigError
-from dflash_jax.ngram import HybridStep, NgramStep
 from dflash_jax.sharding import placed
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import META_FILE, atomic_folder, atomic_write_text, read_json, read_safetensors
@@ -300,75 +298,3 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         except ValueError as e:
             raise ConfigError(f"{Path(spec) / DRAFT_VOCAB_FILE}: {e}") from None
     return jax.device_put(params), cfg
-
-
-# How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
-# token, each later one given the ones before), as the verify-length choice reads it. Measured on
-# SmolLM2-135M's recorded greedy answers to 160 first turns of the five benchmark sets
-# (`launch/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
-NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
-
-# The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
-# decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
-# sets, 1.31x both; `launch/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
-CPU_BLOCK_SIZE = 8
-
-
-def speculation_for(
-    spec: str,
-    ck: TargetCheckpoint,
-    tok,
-    *,
-    prompt_lookup: bool = True,
-    ngram_max: int = 4,
-    ngram_min: int = 1,
-    seed: int = 0,
-    draft_vocab: int | None = None,
-    drafter: tuple | None = None,
-):
-    """The drafter ``Decoder`` takes for ``--drafter spec`` with prompt lookup on or off
-    (``draft_vocab``: as ``drafter_for``; ``drafter``: the ``(params, DrafterConfig)`` that
-    ``drafter_for(spec, ck, tok, seed, draft_vocab)`` already returned, so it is not loaded twice;
-    None: loaded here).
-
-    ``ngram`` -> prompt lookup alone (``NgramStep``, no parameters); ``none`` -> None (plain).
-    A DFlash drafter (``random`` or a folder; see ``drafter_for``) with ``prompt_lookup`` ->
-    ``HybridStep``: prompt lookup where the last ``min(2, ngram_max)`` tokens occurred before, the
-    drafter elsewhere (a DFlash 2 drafter's rows through its selector's walk); without -> the
-    drafter alone (as also a drafter that reads the prompt-lookup continuation itself,
-    ``block_input="ngram"``). ``auto`` with ``prompt_lookup`` is the fastest setup measured for
-    the hardware: on an accelerator the shipped drafter as above; on a CPU the shipped drafter
-    beside prompt lookup (``HybridStep``, whatever its block input) at block ``CPU_BLOCK_SIZE``,
-    since there a 16-token verify costs 2-3.8 plain steps (by machine) and prompt lookup's long
-    matches need no drafter forward (docs/BENCHMARKS.md, "The CPU default"); with no drafter
-    shipped, prompt lookup alone. Each is lossless (the loop verifies every draft).
-
-    Returns:
-      None (plain decoding), an ``NgramStep`` (no parameters), or ``(params, step)`` with step a
-      ``HybridStep`` or ``DraftStep``: what ``Decoder(drafter=...)`` takes.
-    Raises:
-      as ``drafter_for``; ValueError: bad n-gram lengths, or ``drafter`` given for a ``spec`` that
-        names no DFlash drafter.
-    """
-    if drafter is not None and resolve_drafter(spec, ck) in ("none", "ngram"):
-        raise ValueError(
-            f"drafter= holds a loaded drafter, but --drafter {spec!r} names no DFlash drafter here; pass drafter=None"
-        )
-    if spec == "ngram" or (spec == "auto" and prompt_lookup and resolve_drafter(spec, ck) == "none"):
-        return NgramStep(ngram_max, ngram_min, confidence=_ngram_confidence(ngram_max))
-    if drafter is None:
-        drafter = drafter_for(spec, ck, tok, seed, draft_vocab)
-    if drafter is None or not prompt_lookup:
-        return drafter
-    params, cfg = drafter
-    auto_on_cpu = spec == "auto" and jax.default_backend() == "cpu"
-    if cfg.block_input == "ngram" and not auto_on_cpu:  # it reads the prompt-lookup continuation itself
-        return params, DraftStep(cfg, ck.cfg, confidence=True)
-    ngram = NgramStep(ngram_max, ngram_min, cfg.block_size, confidence=_ngram_confidence(ngram_max))
-    block = min(CPU_BLOCK_SIZE, cfg.block_size) if auto_on_cpu else None
-    return params, HybridStep(DraftStep(cfg, ck.cfg, confidence=True), ngram, min(2, ngram_max), block)
-
-
-def _ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:
-    """``NGRAM_CONFIDENCE`` for suffix lengths 1..ngram_max (lengths past 4 take length 4's)."""
-    return tuple(NGRAM_CONFIDENCE[min(n, len(NGRAM_CONFIDENCE)) - 1] for n in range(1, ngram_max + 1))

@@ -10,10 +10,10 @@ position ``< start``. Verification is the loop's own; under sampling the draft i
 ``q`` (one-hot), so the rejection rule stays exact: a draft token ``x`` is accepted with
 probability ``p(x)`` and the first rejection resamples from ``norm(p with x removed)``.
 
-Use it as a draft step without parameters::
+Use it as a draft step (``steps``) without parameters::
 
-    Decoder(target_params, cfg, drafter=NgramStep(ngram_max=4, ngram_min=1, block_size=16))
-    Decoder(target_params, cfg, drafter=(None, NgramStep()), block_size=8)  # as a pair, at block 8
+    Decoder(target_params, cfg, make_plan(NgramStep(ngram_max=4, ngram_min=1, block_size=16)))
+    Decoder(target_params, cfg, make_plan(NgramStep(), block_size=8))  # at block 8
 
 The match runs on device over the loop's token buffer, vectorised over the batch: per round and
 row, ``ngram_max`` compares of the buffer ``[S + block]`` with one window token each (linear in
@@ -27,6 +27,8 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+
+from dflash_jax.steps import Draft, point_mass
 
 Array = jax.Array
 
@@ -81,12 +83,11 @@ def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Arra
 
 @dataclasses.dataclass(frozen=True)
 class NgramStep:
-    """N-gram (prompt-lookup) drafting as a draft step of ``decode_loop`` (see ``Decoder``;
-    the rule: SPEC "N-gram (prompt-lookup) drafting", computed by ``ngram_propose``).
+    """N-gram (prompt-lookup) drafting as a draft step of ``decode_loop`` (``steps``; the rule:
+    SPEC "N-gram (prompt-lookup) drafting", computed by ``ngram_propose``).
 
-    It reads no target layer and keeps no cache; its parameters are ``None``. ``draft`` and
-    ``logits`` return ``(out, num_draft)``: only the first ``num_draft [B]`` draft tokens are
-    real, so acceptance never counts padding.
+    It reads no target layer and keeps no cache; its parameters are ``None``. Its ``Draft.num``
+    counts the real tokens of the continuation, so acceptance never counts padding.
 
     Raises:
       ValueError: ``ngram_min < 1``, ``ngram_max < ngram_min``, ``block_size < 2``, or a
@@ -95,12 +96,11 @@ class NgramStep:
 
     ngram_max: int = 4
     ngram_min: int = 1
-    block_size: int = 16  # the default (and largest) block size of a Decoder using this step
-    # How likely a proposed token is right, for Decoder(verify_lengths=...): one probability for
-    # every token, or per matched suffix length n = 1 .. ngram_max a pair (the first token's, each
-    # later token's given the ones before it). With it set, draft/logits also return the
-    # per-offset probability of the first k tokens being right, step by step (0 past num_draft);
-    # None: they return two values.
+    block_size: int = 16  # the default (and largest) block size of a plan using this step
+    # How likely a proposed token is right, for the verify-length choice (a plan's verify_lengths):
+    # one probability for every token, or per matched suffix length n = 1 .. ngram_max a pair (the
+    # first token's, each later token's given the ones before it). None: every real token is
+    # trusted fully (confidence 1 up to num, 0 after).
     confidence: float | tuple[tuple[float, float], ...] | None = None
 
     tap_layers = ()  # class attribute, not a field: the target taps nothing
@@ -130,63 +130,30 @@ class NgramStep:
         """Nothing to write (``feats`` is ``None``: no taps); returns ``cache``."""
         return cache
 
-    def draft(
-        self,
-        params,
-        target_params,
-        cache,
-        anchor: Array,
-        start: Array,
-        block_valid: Array,
-        block_len: int,
-        *,
-        tokens: Array,
-    ) -> tuple[Array, Array]:
-        """``(draft int32 [B, block_len - 1], num_draft int32 [B])`` from the loop's ``tokens [B, L]``
-        (and the per-offset confidence ``[B, block_len - 1]`` when ``confidence`` is set)."""
+    @property
+    def default_block_size(self) -> int:
+        """The block size a plan takes when none is asked for (its ``block_size``)."""
+        return self.block_size
+
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        """The ``Draft`` of every row (``steps``): the continuation after the latest earlier occurrence
+        of the longest matching suffix of ``tokens [B, L]``, ``num`` its real tokens, ``confidence``
+        from ``confidence`` and the matched length (without one: 1 on real tokens); under sampling
+        ``q`` is the draft's point mass over the target's vocabulary (its embedding rows)."""
         draft, num, matched = ngram_match(tokens, start, block_len - 1, self.ngram_max, self.ngram_min)
-        if self.confidence is None:
-            return draft, num
-        return draft, num, self.token_confidence(matched, num, block_len - 1)
+        q = None if sampling.greedy else point_mass(draft, target_params["embedding"].shape[0])
+        return Draft(draft, num, self.token_confidence(matched, num, block_len - 1), q)
 
     def token_confidence(self, matched: Array, num: Array, k: int) -> Array:
         """float32 ``[B, k]``: the probability that draft offset ``j + 1`` is right given offsets
-        ``1 .. j`` were, from ``confidence`` and each row's matched length (0 past ``num``)."""
-        c = self.confidence
+        ``1 .. j`` were, from ``confidence`` and each row's matched length (0 past ``num``; without a
+        ``confidence``, 1 up to ``num``)."""
+        c = 1.0 if self.confidence is None else self.confidence
         table = jnp.asarray(c if isinstance(c, tuple) else ((c, c),) * self.ngram_max, jnp.float32)  # [nmax, 2]
         pair = table[jnp.clip(matched - 1, 0, self.ngram_max - 1)]  # [B, 2]
         offsets = jnp.arange(k)
         conf = jnp.where(offsets == 0, pair[:, :1], pair[:, 1:])
         return jnp.where(offsets < num[:, None], conf, 0.0)
-
-    def logits(
-        self,
-        params,
-        target_params,
-        cache,
-        anchor: Array,
-        start: Array,
-        block_valid: Array,
-        block_len: int,
-        *,
-        tokens: Array,
-    ) -> tuple[Array, Array]:
-        """``(logits float32 [B, block_len - 1, V], num_draft [B])``: 0 at the draft token, -inf elsewhere.
-
-        Any ``Sampling`` turns these into the one-hot ``q`` of the draft (temperature, top-k and
-        top-p all keep the single finite token). ``V`` is the target's vocabulary (its embedding rows).
-        """
-        draft, num, *conf = self.draft(
-            params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens
-        )
-        return (_point_mass(draft, target_params), num, *conf)
-
-
-def _point_mass(draft: Array, target_params) -> Array:
-    """Logits ``[B, K, V]`` that every ``Sampling`` turns into the one-hot ``q`` of ``draft [B, K]``."""
-    vocab = target_params["embedding"].shape[0]
-    onehot = draft[..., None] == jnp.arange(vocab, dtype=jnp.int32)
-    return jnp.where(onehot, 0.0, -jnp.inf).astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,21 +162,19 @@ class HybridStep:
 
     A row whose last ``min_match`` (or more) committed tokens occurred earlier takes the n-gram
     continuation (confidence ``ngram.confidence`` per token); every other row takes the drafter's
-    block as the drafter alone would draft it (DFlash: the argmax of its logits; DFlash 2: its
-    selector's walk, ``DraftStep.draft``) with the drafter's confidence. When every row of the
+    block as the drafter alone would draft it (``DraftStep.propose``), with its confidence. When every row of the
     batch takes the n-gram draft, the drafter's forward is skipped (``lax.cond``); its context
     cache is written every round either way, so it is always current. Lossless like each part:
     the verify is the loop's own, and under sampling an n-gram row's ``q`` is the point mass of
-    its draft (a DFlash row's: the drafter's ``probs`` of its logits, or for DFlash 2 the
-    selector walk's ``q``, ``sample``). ``default_block``: the block size a ``Decoder`` takes by
-    default (``None``: the drafter's); any up to the drafter's may still be passed.
+    its draft (a DFlash row's: the drafter's own ``q``). ``default_block``: the block size a plan
+    takes by default (``None``: the drafter's); any up to the drafter's may still be passed.
 
     Raises:
-      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, a drafter step made without
-        ``confidence=True``, or ``default_block`` outside ``[2, the drafter's block size]``.
+      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, or ``default_block`` outside
+        ``[2, the drafter's block size]``.
     """
 
-    dflash: object  # a DraftStep (made with confidence=True)
+    dflash: object  # a DraftStep
     ngram: NgramStep
     min_match: int = 2
     default_block: int | None = None
@@ -217,10 +182,6 @@ class HybridStep:
     def __post_init__(self):
         if not 1 <= self.min_match <= self.ngram.ngram_max:
             raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
-        if not getattr(self.dflash, "confidence", False):
-            raise ValueError(
-                "HybridStep needs its drafter's confidence: make it DraftStep(cfg, target_cfg, confidence=True)"
-            )
         if self.default_block is not None and not 2 <= self.default_block <= self.dflash.max_block_size:
             raise ValueError(
                 f"default_block must be in [2, the drafter's {self.dflash.max_block_size}], got {self.default_block}"
@@ -228,7 +189,7 @@ class HybridStep:
 
     @property
     def cfg(self):
-        """The drafter's ``DrafterConfig`` (the loop reads ``cfg.dflash2``: a selector samples its own draft)."""
+        """The drafter's ``DrafterConfig``."""
         return self.dflash.cfg
 
     @property
@@ -241,7 +202,7 @@ class HybridStep:
 
     @property
     def default_block_size(self) -> int:
-        """The block size a ``Decoder`` takes when none is passed."""
+        """The block size a plan takes when none is asked for."""
         return self.default_block or self.dflash.max_block_size
 
     def init_cache(self, batch: int, cache_len: int):
@@ -256,10 +217,7 @@ class HybridStep:
         whether no row needs the drafter (an n-gram match, or a finished / padding row)."""
         ng, ng_num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
         use = (matched >= self.min_match) & (ng_num > 0)
-        if self.ngram.confidence is not None:
-            conf = self.ngram.token_confidence(matched, ng_num, k)
-        else:
-            conf = (jnp.arange(k) < ng_num[:, None]).astype(jnp.float32)
+        conf = self.ngram.token_confidence(matched, ng_num, k)
         idle = jnp.all(use | (block_valid <= 1))
         return ng, use, jnp.where(use, ng_num, k), conf, idle
 
@@ -268,30 +226,16 @@ class HybridStep:
         zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run))  # noqa: E731
         return jax.lax.cond(idle, zeros, run)
 
-    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
-        """``(draft [B, K], num_draft [B], confidence [B, K])``, row by row from the better source."""
-        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        """The ``Draft`` of every row from the better source: an n-gram row's continuation (its
+        ``num``, the n-gram confidence table's ``confidence``, under sampling the point mass of its
+        draft) or the drafter's own proposal (``DraftStep.propose``: greedy, its argmax or DFlash 2's
+        walk; sampled, its draws and their ``q``), whose forward is skipped when no row needs it."""
+        k = block_len - 1
+        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, k)
         args = (params, target_params, cache, anchor, start, block_valid, block_len)
-        draft, _, conf = self._drafter(idle, partial(self.dflash.draft, *args, tokens=tokens))
-        return jnp.where(use[:, None], ng, draft), num, jnp.where(use[:, None], conf_ng, conf)
-
-    def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
-        """``(logits [B, K, V], num_draft [B], confidence [B, K])``: the n-gram point mass on its rows
-        (DFlash rows' confidence: the largest probability of their logits)."""
-        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
-        args = (params, target_params, cache, anchor, start, block_valid, block_len)
-        logits = self._drafter(idle, partial(self.dflash.logits, *args, tokens=tokens))
-        conf = jnp.where(use[:, None], conf_ng, jnp.max(jax.nn.softmax(logits, -1), -1))
-        return jnp.where(use[:, None, None], _point_mass(ng, target_params), logits), num, conf
-
-    def sample(self, params, target_params, cache, anchor, start, block_valid, block_len, *, key, temperature, tokens):
-        """A DFlash 2 drafter under sampling (``DraftStep.sample``): ``(draft int32 [B, K], q float32
-        [B, K, V], num_draft [B], confidence [B, K])``, the n-gram rows' q the point mass of their
-        draft, the drafter rows' the selector walk's q; the confidence is the n-gram table's on
-        n-gram rows and ``DraftStep.sample``'s (the head's, independent of the draws) elsewhere."""
-        ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, block_len - 1)
-        args = (params, target_params, cache, anchor, start, block_valid, block_len)
-        run = partial(self.dflash.sample, *args, key=key, temperature=temperature, tokens=tokens)
-        draft, q, _, conf = self._drafter(idle, run)
-        q = jnp.where(use[:, None, None], jnp.exp(_point_mass(ng, target_params)), q)
-        return jnp.where(use[:, None], ng, draft), q, num, jnp.where(use[:, None], conf_ng, conf)
+        d = self._drafter(idle, partial(self.dflash.propose, *args, tokens=tokens, key=key, sampling=sampling))
+        q = None
+        if not sampling.greedy:
+            q = jnp.where(use[:, None, None], point_mass(ng, d.q.shape[-1]), d.q)
+        return Draft(jnp.where(use[:, None], ng, d.tokens), num, jnp.where(use[:, None], conf_ng, d.confidence), q)

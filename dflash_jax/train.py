@@ -36,10 +36,11 @@ from tqdm import tqdm
 from dflash_jax import checkpoint, data, pipeline
 from dflash_jax.decode import Decoder
 from dflash_jax.distributed import is_main
-from dflash_jax.drafter import init_drafter_params
+from dflash_jax.drafter import DraftStep, init_drafter_params
 from dflash_jax.drafter_io import load_drafter, save_drafter
 from dflash_jax.errors import CheckpointError, ConfigError, DataError
 from dflash_jax.sharding import make_mesh
+from dflash_jax.speculation import make_plan
 from dflash_jax.tokens import stop_ids
 from dflash_jax.train_config import BEST_BY, differences, drafter_config, fingerprint, run_identity
 from dflash_jax.train_step import eval_stats, make_optimizer, make_schedule, sharded_step, summarise
@@ -379,7 +380,8 @@ class Trainer:
     def decode_tau(self, n: int, max_new: int) -> float:
         """Real speculative decoding of ``n`` validation prompts (prompt = tokens before the response)."""
         if not hasattr(self, "_decoder"):
-            self._decoder = Decoder(self.target.params, self.tcfg, drafter=(self.params, self.dcfg))
+            plan = make_plan(DraftStep(self.dcfg, self.tcfg), self.params, label="the drafter in training")
+            self._decoder = Decoder(self.target.params, self.tcfg, plan)
         self._decoder.drafter_params = self.params
         lengths = []
         for j in self.val_idx[:n]:

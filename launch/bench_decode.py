@@ -67,7 +67,7 @@ def run_round(texts, n_new, batch):
     """Milliseconds per round at block sizes 1 (plain), 4, 8, 16; random 1-layer drafter."""
     from dflash_jax import checkpoint, hub
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.speculation import load, plan_for
     from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
@@ -75,10 +75,11 @@ def run_round(texts, n_new, batch):
     ck = checkpoint.load_target(hub.SMOLLM2)
     tok = ck.tokenizer()
     ids = [encode(tok, t, chat=True) for t in texts]
-    drafter = load_drafter("random", ck, tok)
+    drafter = load("random", ck, tok)
     rows = []
     for bs in (1, 4, 8, 16):
-        dec = Decoder(ck.params, ck.cfg, drafter=None if bs == 1 else drafter, block_size=bs)
+        plan = plan_for(ck, drafter, prompt_lookup=False, block_size=bs, verify_lengths=None) if bs > 1 else None
+        dec = Decoder(ck.params, ck.cfg, plan)
         compile_s = dec.generate(ids[:1], n_new)[0].compile_s
         secs, rounds, tokens = 0.0, 0, 0
         for p in ids:
@@ -100,7 +101,7 @@ def run_stream(texts, n_new, batch):
     """Wall seconds of generate vs stream (compiled), plain and block 16, alternating per prompt."""
     from dflash_jax import checkpoint, hub
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.speculation import plan_for
     from dflash_jax.tokens import encode
     from dflash_jax.utils import enable_compilation_cache
 
@@ -109,8 +110,9 @@ def run_stream(texts, n_new, batch):
     tok = ck.tokenizer()
     ids = [encode(tok, t, chat=True) for t in texts]
     rows = []
-    for bs, drafter in ((1, None), (16, load_drafter("random", ck, tok))):
-        dec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=bs if drafter else None)
+    random = plan_for(ck, "random", tok, prompt_lookup=False, block_size=16, verify_lengths=None)
+    for bs, plan in ((1, None), (16, random)):
+        dec = Decoder(ck.params, ck.cfg, plan)
         dec.generate(ids[:1], n_new), list(dec.stream(ids[0], n_new))  # compile both executables
         gen = stream = 0.0
         for p in ids:

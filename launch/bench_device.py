@@ -37,8 +37,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dflash_jax.decode import Decoder  # noqa: E402
-from dflash_jax.drafter import DrafterConfig, init_drafter_params  # noqa: E402
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params  # noqa: E402
 from dflash_jax.ngram import NgramStep  # noqa: E402
+from dflash_jax.speculation import make_plan  # noqa: E402
+from dflash_jax.steps import Draft, all_real  # noqa: E402
 from dflash_jax.target import TargetConfig, init_params  # noqa: E402
 
 SHAPES = {
@@ -70,7 +72,7 @@ class OracleStep:
     tap_layers = ()
 
     def __init__(self, block_size: int):
-        self.max_block_size = block_size
+        self.max_block_size = self.default_block_size = block_size
 
     def init_cache(self, batch, cache_len):
         return None
@@ -78,9 +80,10 @@ class OracleStep:
     def write_context(self, params, cache, feats, start):
         return cache
 
-    def draft(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens=None):
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
         take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(params[0], s + 1, block_len - 1))
-        return take(start).astype(jnp.int32)
+        draft = take(start).astype(jnp.int32)
+        return Draft(draft, all_real(draft), jnp.ones(draft.shape, jnp.float32))
 
 
 def random_target(shape: str, dtype: str, seed: int = 0):
@@ -130,14 +133,18 @@ def main(argv=None) -> dict:
     dparams = init_drafter_params(dcfg, 0)
     arms = {}
     for block in (8, 16):
-        arms[f"DFlash random drafter, block {block}"] = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=block)
-        arms[f"oracle, block {block}"] = Decoder(params, cfg, drafter=(oracle_params, OracleStep(16)), block_size=block)
-    arms["prompt lookup, block 16"] = Decoder(params, cfg, drafter=NgramStep(block_size=16))
+        arms[f"DFlash random drafter, block {block}"] = Decoder(
+            params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=block)
+        )
+        arms[f"oracle, block {block}"] = Decoder(
+            params, cfg, make_plan(OracleStep(16), oracle_params, block_size=block)
+        )
+    arms["prompt lookup, block 16"] = Decoder(params, cfg, make_plan(NgramStep(block_size=16)))
     if args.verify_lengths:
         lengths = [int(x) for x in args.verify_lengths.split(",")]
         costs = [1.0] * len(set(lengths) | {16})  # a long verify is nearly free on an accelerator: equal costs
         arms["oracle, block 16, verify lengths " + args.verify_lengths] = Decoder(
-            params, cfg, drafter=(oracle_params, OracleStep(16)), verify_lengths=lengths, verify_costs=costs
+            params, cfg, make_plan(OracleStep(16), oracle_params, verify_lengths=lengths, verify_costs=costs)
         )
     rows = [
         {

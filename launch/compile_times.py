@@ -51,7 +51,8 @@ def main():
 
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+    from dflash_jax.speculation import make_plan
 
     rows = []
     prompts = [list(range(4, 20)), list(range(30, 41))]
@@ -63,7 +64,9 @@ def main():
             dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
             decoders = {
                 "plain": Decoder(ck.params, ck.cfg),
-                "dflash_b4": Decoder(ck.params, ck.cfg, drafter=(init_drafter_params(dcfg), dcfg), block_size=4),
+                "dflash_b4": Decoder(
+                    ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), init_drafter_params(dcfg), block_size=4)
+                ),
             }
             row = {"family": family}
             for name, dec in decoders.items():

@@ -36,8 +36,9 @@ def main() -> None:
     from dflash_jax import checkpoint, prompts
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DraftStep
-    from dflash_jax.drafter_io import NGRAM_CONFIDENCE, drafter_for
+    from dflash_jax.drafter_io import drafter_for
     from dflash_jax.ngram import HybridStep, NgramStep
+    from dflash_jax.speculation import NGRAM_CONFIDENCE, make_plan
     from dflash_jax.tokens import encode, stop_ids
     from dflash_jax.utils import enable_compilation_cache
 
@@ -47,17 +48,17 @@ def main() -> None:
     stops = stop_ids(tok)
     params, dcfg = drafter_for("auto", ck, tok, draft_vocab=args.draft_vocab)
     lookup = NgramStep(confidence=NGRAM_CONFIDENCE)
-    alone = (params, DraftStep(dcfg, ck.cfg, confidence=True))
+    alone = DraftStep(dcfg, ck.cfg)
     candidates = {
         "plain": Decoder(ck.params, ck.cfg),
-        "prompt lookup": Decoder(ck.params, ck.cfg, drafter=lookup, verify_lengths="auto"),
-        "drafter @16": Decoder(ck.params, ck.cfg, drafter=alone, verify_lengths="auto"),
-        "drafter @8": Decoder(ck.params, ck.cfg, drafter=alone, block_size=8, verify_lengths="auto"),
+        "prompt lookup": Decoder(ck.params, ck.cfg, make_plan(lookup, verify_lengths="auto")),
+        "drafter @16": Decoder(ck.params, ck.cfg, make_plan(alone, params, verify_lengths="auto")),
+        "drafter @8": Decoder(ck.params, ck.cfg, make_plan(alone, params, block_size=8, verify_lengths="auto")),
     }
     for m, block in ((2, 16), (3, 16), (2, 8)):
-        hybrid = HybridStep(alone[1], NgramStep(4, 1, dcfg.block_size, confidence=NGRAM_CONFIDENCE), m)
+        hybrid = HybridStep(alone, NgramStep(4, 1, dcfg.block_size, confidence=NGRAM_CONFIDENCE), m)
         candidates[f"hybrid m={m} @{block}"] = Decoder(
-            ck.params, ck.cfg, drafter=(params, hybrid), block_size=block, verify_lengths="auto"
+            ck.params, ck.cfg, make_plan(hybrid, params, block_size=block, verify_lengths="auto")
         )
     if args.only:
         unknown = set(args.only) - set(candidates)

@@ -29,8 +29,8 @@ def main() -> None:
 
     from dflash_jax import checkpoint, prompts
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter_io import NGRAM_CONFIDENCE
     from dflash_jax.ngram import NgramStep
+    from dflash_jax.speculation import NGRAM_CONFIDENCE, make_plan
     from dflash_jax.tokens import chat_ids
     from dflash_jax.utils import enable_compilation_cache
 
@@ -57,11 +57,12 @@ def main() -> None:
     plain = run("plain", Decoder(ck.params, ck.cfg))
     step = NgramStep(confidence=NGRAM_CONFIDENCE)
     for n in (1, 2, 4, 8):
-        dec = Decoder(ck.params, ck.cfg, drafter=step, verify_lengths=[n, 16], verify_costs=[1, 1000], calibrate=False)
+        plan = make_plan(step, verify_lengths=[n, 16], verify_costs=[1, 1000], calibrate=False)
+        dec = Decoder(ck.params, ck.cfg, plan)
         run(f"prompt lookup, verify {n} forced (of {n}, 16)", dec, plain)
     for n in (2, 4, 8, 16):
-        run(f"prompt lookup, block {n}", Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=n)), plain)
-    auto = Decoder(ck.params, ck.cfg, drafter=step, verify_lengths="auto")
+        run(f"prompt lookup, block {n}", Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=n))), plain)
+    auto = Decoder(ck.params, ck.cfg, make_plan(step, verify_lengths="auto"))
     run("default (prompt lookup, verify lengths auto)", auto, plain)
     costs = [round(float(c), 2) for c in auto.costs_for(auto.shape_for([len(ids[0])], args.max_new_tokens))]
     print(f"verify lengths {list(auto.verify_lengths)}: costs the default measured {costs}")

@@ -23,6 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from dflash_jax import checkpoint, hub  # noqa: E402
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params  # noqa: E402
+from dflash_jax.sampling import GREEDY  # noqa: E402
 from dflash_jax.target import Target, init_cache  # noqa: E402
 from dflash_jax.utils import enable_compilation_cache  # noqa: E402
 
@@ -83,7 +84,11 @@ def main(drafter: str, vocab_sizes: list[int]):
             return h, c2
 
         draft = jax.jit(
-            lambda dp, p, dc: step.draft(dp, p, dc, jnp.ones((1,), jnp.int32), s, jnp.array([t]), t, tokens=tokens)
+            lambda dp, p, dc: (
+                step.propose(
+                    dp, p, dc, jnp.ones((1,), jnp.int32), s, jnp.array([t]), t, tokens=tokens, key=None, sampling=GREEDY
+                ).tokens
+            )
         )
         feats = jnp.ones((1, t, len(dcfg.target_layer_ids) * cfg.hidden_size))
         write = jax.jit(lambda dp, dc, f: step.write_context(dp, dc, f, s))

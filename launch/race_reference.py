@@ -48,8 +48,8 @@ def main() -> None:
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter_io import drafter_for as load_drafter
     from dflash_jax.prompts import load_eval_prompts
+    from dflash_jax.speculation import load, plan_for
     from dflash_jax.tokens import chat_ids, stop_ids
     from dflash_jax.utils import enable_compilation_cache, log
 
@@ -63,9 +63,11 @@ def main() -> None:
     drafter_dir = Path(args.drafter) if args.drafter else hub.shipped_drafter(ck.identity)
     if drafter_dir is None:
         sys.exit("error: no shipped drafter for SmolLM2 in assets/: pass --drafter (released format)")
-    drafter = load_drafter(str(drafter_dir), ck, tok)
-    block = args.block_size or drafter[1].block_size
-    ours_spec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=block)
+    drafter = load(str(drafter_dir), ck, tok)
+    block = args.block_size or drafter.cfg.block_size
+    ours_spec = Decoder(
+        ck.params, ck.cfg, plan_for(ck, drafter, prompt_lookup=False, block_size=block, verify_lengths=None)
+    )
     ours_plain = Decoder(ck.params, ck.cfg)
     hf = AutoModelForCausalLM.from_pretrained(checkpoint.smollm2_hf_dir(), dtype=torch.float32).eval()
     ref = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()

@@ -134,6 +134,7 @@ class OracleDraft:
 
     def __init__(self, vocab_size: int, max_block_size: int):
         self.vocab_size, self.max_block_size = vocab_size, max_block_size
+        self.default_block_size = max_block_size
 
     def init_cache(self, batch, cache_len):
         return None
@@ -150,6 +151,15 @@ class OracleDraft:
         tok = take(params["cont"][rows], start)
         err = take(params["err"][rows], start)
         return jnp.where(err, (tok + 1) % self.vocab_size, tok).astype(jnp.int32)
+
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        """``draft``'s tokens as a ``steps.Draft`` (greedy only): all real, each trusted fully."""
+        import jax.numpy as jnp
+
+        from dflash_jax.steps import Draft, all_real
+
+        draft = self.draft(params, target_params, cache, anchor, start, block_valid, block_len)
+        return Draft(draft, all_real(draft), jnp.ones(draft.shape, jnp.float32))
 
 
 def oracle_params(prompts, greedy, errors, width=1024):

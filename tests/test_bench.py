@@ -218,13 +218,13 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
 
 def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(bench_setup, tmp_path, monkeypatch):
     """The 'default' row decodes as ``generate`` would with the same ``--drafter``: with ``auto`` on
-    a CPU that is the shipped drafter beside prompt lookup at ``CPU_BLOCK_SIZE`` (``speculation_for``),
+    a CPU that is the shipped drafter beside prompt lookup at ``CPU_BLOCK_SIZE`` (``speculation.plan_for``),
     not the drafter alone that the DFlash rows measure; with a folder it is that drafter beside
     prompt lookup (``HybridStep``) at the drafter's block size."""
     from dflash_jax import cli, hub
     from dflash_jax.drafter import DraftStep
-    from dflash_jax.drafter_io import CPU_BLOCK_SIZE
     from dflash_jax.ngram import HybridStep
+    from dflash_jax.speculation import CPU_BLOCK_SIZE
 
     ck, root = bench_setup
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))

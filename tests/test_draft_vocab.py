@@ -39,6 +39,7 @@ from dflash_jax.drafter import (
 )
 from dflash_jax.ngram import HybridStep, NgramStep
 from dflash_jax.sampling import Sampling
+from dflash_jax.speculation import make_plan
 
 
 def _copy_bias_case(tgt, seed=0):
@@ -115,9 +116,10 @@ def test_greedy_is_lossless_with_a_cut_list(target, which):  # noqa: F811
     want = [r.token_ids for r in plain.generate(prompts, 30, stop_token_ids=(5,))]
     dcfg = DrafterConfig.for_target(tgt.cfg, 1, 8, 3, **(DFLASH2 if which != "dflash" else {}))
     params = with_draft_vocab(init_drafter_params(dcfg, seed=3), [4, 6, 8, 10, 12, 14], tgt.params, tgt.cfg)
-    step = dcfg if which == "dflash" else HybridStep(DraftStep(dcfg, tgt.cfg, True), NgramStep(block_size=8))
+    step = DraftStep(dcfg, tgt.cfg)
+    step = step if which == "dflash" else HybridStep(step, NgramStep(block_size=8))
     for lengths, costs in [(None, None), ((1, 2), (1.0, 1.2, 2.5))]:
-        dec = Decoder(tgt.params, tgt.cfg, drafter=(params, step), verify_lengths=lengths, verify_costs=costs)
+        dec = Decoder(tgt.params, tgt.cfg, make_plan(step, params, verify_lengths=lengths, verify_costs=costs))
         assert [r.token_ids for r in dec.generate(prompts, 30, (5,))] == want
 
 
@@ -130,7 +132,7 @@ def test_the_copy_column_drafts_prompt_lookup_whatever_the_list(target):  # noqa
     dcfg = DrafterConfig.for_target(tgt.cfg, 1, bs, mask, block_input="ngram", copy_bias=1e3)
     params, dparams = _copy_drafter(tgt, dcfg)
     dparams = with_draft_vocab(dparams, [mask], params, tgt.cfg)
-    plain, dec = Decoder(params, tgt.cfg), Decoder(params, tgt.cfg, drafter=(dparams, dcfg))
+    plain, dec = Decoder(params, tgt.cfg), Decoder(params, tgt.cfg, make_plan(DraftStep(dcfg, tgt.cfg), dparams))
     prompts = _prompts(5)
     want, got = plain.generate(prompts, n_new), dec.generate(prompts, n_new)
     free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]
@@ -160,7 +162,7 @@ def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2, i
     rs = np.random.RandomState(3)
     dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), init_drafter_params(dcfg))
     dparams = with_draft_vocab(dparams, ids, params, cfg)  # some of the 8 tokens
-    dec = Decoder(params, cfg, drafter=(dparams, DraftStep(dcfg, cfg)), sampling=s)
+    dec = Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams), sampling=s)
     counts, multi = sampled_joint(dec)
     assert multi > 0  # drafts were accepted
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
@@ -174,10 +176,10 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
         drafter_for,
         export_released,
         read_draft_vocab,
-        speculation_for,
         write_draft_vocab,
     )
     from dflash_jax.errors import CheckpointError, ConfigError
+    from dflash_jax.speculation import plan_for
 
     ck = checkpoint.load_target(tiny_models["qwen3"][2])
     tok = ck.tokenizer()
@@ -213,12 +215,11 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
             main(["import-drafter", "--drafter", str(folder), "--out", str(tmp_path / "never")])
         assert not (tmp_path / "never").exists()
     (folder / DRAFT_VOCAB_FILE).write_text(good)
-    params, hybrid = speculation_for(str(folder), ck, tok, draft_vocab=3)
-    assert isinstance(hybrid, HybridStep) and params[DRAFT_VOCAB]["ids"].shape == (3,)
-    from dflash_jax.cli import _describe  # what demo and generate print
-
-    assert _describe((params, hybrid)) == "DFlash over 3 tokens + prompt lookup"
-    assert _describe(speculation_for(str(folder), ck, tok, prompt_lookup=False)) == "DFlash over 4 tokens alone"
+    hybrid = plan_for(ck, str(folder), tok, draft_vocab=3)
+    assert isinstance(hybrid.step, HybridStep) and hybrid.params[DRAFT_VOCAB]["ids"].shape == (3,)
+    # the plan's label says how many tokens the drafter proposes (what demo, bench and generate print)
+    assert hybrid.label == "DFlash over 3 tokens + prompt lookup"
+    assert plan_for(ck, str(folder), tok, prompt_lookup=False).label == "DFlash over 4 tokens alone"
     for bad in ('{"ids": "oops"}', "[1, 2, 3]", '{"ids": [true, 7]}', '{"ids": [5, 99999999999]}'):
         (folder / DRAFT_VOCAB_FILE).write_text(bad)
         with pytest.raises(CheckpointError, match="no list of token ids"):

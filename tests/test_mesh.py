@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from dflash_jax import checkpoint, data
-from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.sharding import make_mesh
 from dflash_jax.train_step import sharded_step, train_step
 
@@ -92,6 +92,7 @@ def test_trainer_on_a_mesh_resumes_on_another(tiny_models, tmp_path):
 @pytest.mark.parametrize("shape", [(2, 2, 2), (4, 1, 2)])
 def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape):
     from dflash_jax.decode import Decoder
+    from dflash_jax.speculation import make_plan
 
     _, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)
@@ -99,10 +100,10 @@ def test_speculative_decoding_on_a_mesh_equals_single_device(tiny_models, shape)
     dparams = init_drafter_params(dcfg, seed=2)
     rs = np.random.RandomState(4)
     prompts = [rs.randint(4, 96, n).tolist() for n in (3, 17, 9, 30)]
-    want = Decoder(ck.params, ck.cfg, drafter=(dparams, dcfg)).generate(prompts, 20, [7])
+    want = Decoder(ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), dparams)).generate(prompts, 20, [7])
     mesh = make_mesh(shape)
     sharded = checkpoint.load_target(path, mesh=mesh)
-    dec = Decoder(sharded.params, ck.cfg, drafter=(dparams, dcfg), mesh=mesh)
+    dec = Decoder(sharded.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), dparams), mesh=mesh)
     got = dec.generate(prompts, 20, [7])
     for w, g in zip(want, got):
         assert (g.token_ids, g.acceptance_lengths) == (w.token_ids, w.acceptance_lengths)

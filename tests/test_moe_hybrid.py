@@ -13,9 +13,10 @@ from helpers import TINY_REL, OracleDraft, assert_close, expected_rounds, oracle
 
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
-from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.sampling import Sampling
 from dflash_jax.sharding import axis_rules, make_mesh
+from dflash_jax.speculation import make_plan
 from dflash_jax.target import Target
 from dflash_jax.train_step import sharded_step, train_step
 
@@ -47,7 +48,7 @@ def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target
     errors = [{len(p) + 3, len(p) + 4, len(p) + 12, len(p) + 20} for p in prompts]
     stop = greedy[1][25]  # row 1 (at least) stops at this token; the others may too, or hit the limit
     draft = OracleDraft(96, bs)
-    dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params(prompts, greedy, errors), draft))
+    dec = Decoder(ck.params, ck.cfg, make_plan(draft, oracle_params(prompts, greedy, errors)))
     want = plain.generate(prompts, 37, stop_token_ids=[stop])
     got = dec.generate(prompts, 37, stop_token_ids=[stop])
     for p, g, e, w, r in zip(prompts, greedy, errors, want, got):
@@ -63,20 +64,20 @@ def test_random_drafter_greedy_and_sampled(moe_target):
     distribution is the chi-square test of ``test_sampling.py``, which the target does not enter)."""
     _, ck, plain = moe_target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
-    drafter = (init_drafter_params(dcfg, seed=1), dcfg)
+    step, dparams = DraftStep(dcfg, ck.cfg), init_drafter_params(dcfg, seed=1)
     rs = np.random.RandomState(3)
     prompts = [rs.randint(4, 96, n).tolist() for n in (7, 30)]
-    spec = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4)
+    spec = Decoder(ck.params, ck.cfg, make_plan(step, dparams, block_size=4))
     # verify lengths chosen per round (one lax.switch branch per length; the hybrid pads its pending state)
     chosen = Decoder(
-        ck.params, ck.cfg, drafter=drafter, block_size=4, verify_lengths=(1, 2, 4), verify_costs=(1, 1.3, 1.6)
+        ck.params, ck.cfg, make_plan(step, dparams, block_size=4, verify_lengths=(1, 2, 4), verify_costs=(1, 1.3, 1.6))
     )
     want = plain.generate(prompts, 24)
     for dec in (spec, chosen):
         for w, g in zip(want, dec.generate(prompts, 24)):
             assert g.token_ids == w.token_ids
             assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
-    sampled = Decoder(ck.params, ck.cfg, drafter=drafter, block_size=4, sampling=Sampling(temperature=0.8))
+    sampled = Decoder(ck.params, ck.cfg, make_plan(step, dparams, block_size=4), sampling=Sampling(temperature=0.8))
     batch = sampled.generate(prompts, 16, seed=[5, 6])
     alone = sampled.generate(prompts[1:], 16, seed=[6])
     assert batch[1].token_ids == alone[0].token_ids

@@ -19,7 +19,9 @@ from scipy import stats
 from dflash_jax import decode
 from dflash_jax.decode import Decoder
 from dflash_jax.ngram import NgramStep
-from dflash_jax.sampling import Sampling, probs
+from dflash_jax.sampling import GREEDY, Sampling, probs
+from dflash_jax.speculation import make_plan
+from dflash_jax.steps import Draft, point_mass
 from dflash_jax.target import Target, TargetConfig, init_params
 
 
@@ -45,6 +47,11 @@ def ref_propose(seq, k, nmax, nmin):
 COMBOS = [(4, 1, 16), (3, 2, 5), (1, 1, 2), (5, 5, 8), (2, 1, 4)]  # (ngram_max, ngram_min, block)
 
 
+def greedy_args(tokens):
+    """The keyword arguments of a greedy ``propose`` over the token buffer ``tokens``."""
+    return dict(tokens=tokens, key=None, sampling=GREEDY)
+
+
 def test_proposals_follow_the_rule():
     rng = np.random.default_rng(0)
     seen = {"none": 0, "short": 0, "full": 0, "at_beginning": 0, "backoff": 0}
@@ -53,9 +60,9 @@ def test_proposals_follow_the_rule():
         step = NgramStep(nmax, nmin, bs)
         k = bs - 1
         draft_fn = jax.jit(
-            lambda tok, st: step.draft(
-                None, None, None, tok[jnp.arange(batch), st], st, jnp.full_like(st, bs), bs, tokens=tok
-            )
+            lambda tok, st: step.propose(
+                None, None, None, tok[jnp.arange(batch), st], st, jnp.full_like(st, bs), bs, **greedy_args(tok)
+            )[:2]
         )
         for trial in range(30):
             vocab = int(rng.choice([2, 3, 5, 12]))
@@ -84,7 +91,7 @@ def test_proposals_follow_the_rule():
 
 def test_hand_made_cases():
     step = NgramStep(ngram_max=3, ngram_min=1, block_size=4)
-    draft = jax.jit(lambda tok, s: step.draft(None, None, None, tok[:, s[0]], s, s, 4, tokens=tok))
+    draft = jax.jit(lambda tok, s: step.propose(None, None, None, tok[:, s[0]], s, s, 4, **greedy_args(tok))[:2])
 
     def run(seq):
         tok = np.asarray([seq + [7] * (20 - len(seq))], np.int32)  # 7: stale slots, never proposed
@@ -179,7 +186,7 @@ def test_greedy_is_lossless_with_predicted_rounds(target, nmax, nmin, bs):
     ck, plain = target
     prompts, n_new = _prompts(bs), 40
     free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]  # past the limit
-    dec = Decoder(ck.params, ck.cfg, drafter=(None, NgramStep(nmax, nmin, 8)), block_size=bs)
+    dec = Decoder(ck.params, ck.cfg, make_plan(NgramStep(nmax, nmin, 8), block_size=bs))
     first = free[0][len(prompts[0]) :]
     at = next(i for i in range(10, n_new) if first.index(first[i]) == i)  # first emitted mid-sequence
     stop = first[at]
@@ -207,10 +214,10 @@ def test_the_convenience_forms(target):
     ck, plain = target
     prompts = _prompts(3)
     want = [r.token_ids for r in plain.generate(prompts, 48)]  # the shape test_greedy_... compiled
-    dec = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=6))  # a bare step: no parameters
+    dec = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=6)))  # a bare step: no parameters
     assert dec.block_size == 6 and [r.token_ids for r in dec.generate(prompts, 48)] == want
     with pytest.raises(ValueError, match="block size 9"):
-        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), block_size=9)
+        Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), block_size=9))
 
 
 class CappedOracle:
@@ -223,14 +230,13 @@ class CappedOracle:
         from helpers import OracleDraft
 
         self.oracle, self.max_block_size = OracleDraft(vocab_size, max_block_size), max_block_size
+        self.default_block_size = max_block_size
         self.init_cache, self.write_context = self.oracle.init_cache, self.oracle.write_context
 
-    def draft(self, *args, tokens):
-        return self.oracle.draft(*args), (args[4] % 3).astype(jnp.int32)
-
-    def logits(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens):
-        d, n = self.draft(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
-        return jnp.where(jax.nn.one_hot(d, self.oracle.vocab_size) > 0, 0.0, -jnp.inf), n
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        d = self.oracle.draft(params, target_params, cache, anchor, start, block_valid, block_len)
+        q = None if sampling.greedy else point_mass(d, self.oracle.vocab_size)
+        return Draft(d, (start % 3).astype(jnp.int32), jnp.ones(d.shape, jnp.float32), q)
 
 
 def test_loop_accepts_only_the_reported_draft_tokens(target):
@@ -240,7 +246,7 @@ def test_loop_accepts_only_the_reported_draft_tokens(target):
     prompts, bs, n_new = _prompts(5), 8, 48
     greedy = [r.token_ids for r in plain.generate(prompts, n_new)]
     params = oracle_params(prompts, greedy, [set()] * len(prompts))
-    dec = Decoder(ck.params, ck.cfg, drafter=(params, CappedOracle(ck.cfg.vocab_size, bs)))
+    dec = Decoder(ck.params, ck.cfg, make_plan(CappedOracle(ck.cfg.vocab_size, bs), params))
     for p, g, r in zip(prompts, greedy, dec.generate(prompts, n_new)):
         assert r.token_ids == g
         start, limit, want = len(p), len(p) + n_new, []
@@ -249,7 +255,7 @@ def test_loop_accepts_only_the_reported_draft_tokens(target):
             start += want[-1]
         assert r.acceptance_lengths == want
     # under sampling too: at most start % 3 draft tokens per round, and the cap is reached
-    s = Decoder(ck.params, ck.cfg, drafter=(params, CappedOracle(ck.cfg.vocab_size, bs)), sampling=Sampling(0.3))
+    s = Decoder(ck.params, ck.cfg, make_plan(CappedOracle(ck.cfg.vocab_size, bs), params), sampling=Sampling(0.3))
     reached = 0
     for p, r in zip(prompts, s.generate(prompts, n_new, seed=[1, 2, 3, 4])):
         start = len(p)
@@ -330,24 +336,28 @@ def chi_square_p(counts: np.ndarray, expected_p: np.ndarray) -> float:
         Sampling(1.0, top_k=1),
     ],
 )
-def test_draft_logits_give_a_point_mass_under_any_sampling(s):
-    """``q`` is exactly one-hot at every draft offset, padding included (the rejection rule then
-    accepts x with probability p(x) and resamples from norm(p with x removed))."""
+def test_the_sampled_draft_is_the_greedy_one_with_a_point_mass_q(s):
+    """Under any sampling the draft is the deterministic continuation and ``q`` is exactly one-hot
+    at every draft offset, padding included (the rejection rule then accepts x with probability
+    p(x) and resamples from norm(p with x removed))."""
     step = NgramStep(ngram_max=2, ngram_min=1, block_size=6)
     tokens = jnp.asarray([[1, 2, 3, 1, 2, 0, 0, 0, 0, 0, 0, 0], [4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5]], jnp.int32)
     start = jnp.asarray([4, 1], jnp.int32)
     params = {"embedding": jnp.zeros((V, 4))}  # only its shape is read: the vocabulary
-    logits, num = step.logits(None, params, None, tokens[:, 0], start, start, 6, tokens=tokens)
-    draft, num2 = step.draft(None, params, None, tokens[:, 0], start, start, 6, tokens=tokens)
-    q = np.asarray(probs(logits, s))
-    assert logits.dtype == jnp.float32 and q.shape == (2, 5, V) and num.tolist() == num2.tolist() == [3, 1]
-    np.testing.assert_array_equal(q, np.eye(V)[np.asarray(draft)])
+    args = (None, params, None, tokens[:, 0], start, start, 6)
+    keys = jax.vmap(jax.random.key)(jnp.arange(2))
+    sampled = step.propose(*args, tokens=tokens, key=keys, sampling=s)
+    greedy = step.propose(*args, **greedy_args(tokens))
+    assert sampled.q.dtype == jnp.float32 and sampled.q.shape == (2, 5, V) and greedy.q is None
+    assert sampled.num.tolist() == greedy.num.tolist() == [3, 1]
+    np.testing.assert_array_equal(sampled.tokens, greedy.tokens)
+    np.testing.assert_array_equal(sampled.q, np.eye(V)[np.asarray(greedy.tokens)])
 
 
 @pytest.mark.parametrize("s", [Sampling(0.8), Sampling(1.0, top_p=0.9, top_k=5)], ids=["t0.8", "t1-p0.9-k5"])
 def test_sampling_keeps_the_target_distribution(tiny, s):
     cfg, params = tiny
-    dec = Decoder(params, cfg, drafter=NgramStep(block_size=4), sampling=s)
+    dec = Decoder(params, cfg, make_plan(NgramStep(block_size=4)), sampling=s)
     counts, multi = sampled_joint(dec)
     assert multi > N // 20  # drafts were accepted in many rounds
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
@@ -361,7 +371,7 @@ def test_the_test_rejects_a_residual_that_keeps_the_draft_token(tiny, monkeypatc
     cfg, params = tiny
     s = Sampling(0.8)
     monkeypatch.setattr(decode, "accept", _accept_without_residual)
-    counts, _ = sampled_joint(Decoder(params, cfg, drafter=NgramStep(block_size=4), sampling=s), CHUNK)
+    counts, _ = sampled_joint(Decoder(params, cfg, make_plan(NgramStep(block_size=4)), sampling=s), CHUNK)
     assert chi_square_p(counts, exact_joint(cfg, params, s)) < P_REJECT  # p ~ 1e-17 at this n
 
 
@@ -468,7 +478,7 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
     output equals plain decoding, batch 4; with the whole block verified its rounds are exactly
     prompt lookup's (``expected_rounds``, mask tokens where the continuation ends), with a verify
     length chosen per round (fixed costs, calibrated confidence) some of its drafts are accepted."""
-    from dflash_jax.drafter import DrafterConfig
+    from dflash_jax.drafter import DrafterConfig, DraftStep
 
     tgt, _ = target
     bs, n_new, mask = 8, 30, 3
@@ -476,7 +486,7 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
     params, dparams = _copy_drafter(tgt, dcfg)
     plain = Decoder(params, tgt.cfg)
     kw = dict(verify_lengths=verify_lengths, verify_costs=(1.0, 1.2, 2.0)) if verify_lengths else {}
-    dec = Decoder(params, tgt.cfg, drafter=(dparams, dcfg), **kw)
+    dec = Decoder(params, tgt.cfg, make_plan(DraftStep(dcfg, tgt.cfg), dparams, **kw))
     prompts = _prompts(5)
     want = plain.generate(prompts, n_new)
     got = dec.generate(prompts, n_new)

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dflash_jax import decode
+from dflash_jax import drafter
 from dflash_jax.decode import Decoder
-from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.sampling import Sampling, probs
+from dflash_jax.speculation import make_plan
 from dflash_jax.target import Target, TargetConfig, init_params
 
 V = 8  # vocabulary: 8^3 = 512 joint cells for three tokens
@@ -92,7 +93,7 @@ SETTINGS = [Sampling(0.8), Sampling(1.0, top_p=0.9, top_k=5)]
 def test_speculative_sampling_keeps_the_target_distribution(tiny, s):
     cfg, params, dcfg, dparams = tiny
     exact = exact_joint(cfg, params, s)
-    spec = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=s)
+    spec = Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=4), sampling=s)
     counts = sampled_joint(spec)
     assert chi_square_p(counts, exact) > P_REJECT
     # the check has teeth at this N: the same counts against another temperature's distribution fail
@@ -110,14 +111,16 @@ def test_the_test_rejects_a_drafter_that_ignores_the_temperature(tiny, monkeypat
     acceptance rule treats the draft as a sample from the tempered q."""
     cfg, params, dcfg, dparams = tiny
     s = Sampling(0.8)
-    monkeypatch.setattr(decode, "sample_draft", lambda key, q: jnp.argmax(q, -1).astype(jnp.int32))
-    counts = sampled_joint(Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=s))
+    monkeypatch.setattr(
+        drafter, "sampled", lambda key, logits, s: (jnp.argmax(logits, -1).astype(jnp.int32), probs(logits, s))
+    )
+    counts = sampled_joint(Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=4), sampling=s))
     assert chi_square_p(counts, exact_joint(cfg, params, s)) < P_REJECT
 
 
 def test_sampling_is_reproducible_per_request(tiny):
     cfg, params, dcfg, dparams = tiny
-    dec = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=Sampling(1.0))
+    dec = Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=4), sampling=Sampling(1.0))
     alone = dec.generate([PROMPT], 12, (), seed=7)[0].token_ids
     batch = dec.generate([[2, 3], PROMPT, PROMPT], 12, (), seed=[1, 7, 8])
     assert batch[1].token_ids == alone  # same prompt and seed, another batch
@@ -129,7 +132,9 @@ def test_temperature_zero_is_greedy_whatever_top_p_and_top_k(tiny):
     cfg, params, dcfg, dparams = tiny
     greedy = Decoder(params, cfg).generate([PROMPT], 16, ())[0].token_ids
     for s in (Sampling(0.0), Sampling(0.0, top_p=0.3, top_k=2)):
-        out = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=s).generate([PROMPT], 16, ())
+        out = Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=4), sampling=s).generate(
+            [PROMPT], 16, ()
+        )
         assert out[0].token_ids == greedy
 
 
@@ -173,7 +178,7 @@ def test_invalid_settings_are_refused_like_the_reference(kw):
 @pytest.mark.parametrize("s", [Sampling(0.0), Sampling(1.0, top_k=4)], ids=["greedy", "sampled"])
 def test_stream_yields_the_rounds_of_generate(tiny, s):
     cfg, params, dcfg, dparams = tiny
-    dec = Decoder(params, cfg, drafter=(dparams, dcfg), block_size=4, sampling=s)
+    dec = Decoder(params, cfg, make_plan(DraftStep(dcfg, cfg), dparams, block_size=4), sampling=s)
     stop, longest = [3], 0
     for seed in range(6):
         full = dec.generate([PROMPT], 24, stop, seed=seed)[0]
@@ -225,7 +230,7 @@ def test_dflash2_sampling_keeps_the_target_distribution(tiny, s):
     d2 = dataclasses.replace(dcfg, conv_kernel_size=2, conv_group_size=16, selector_rank=4, selector_top_k=3)
     rs = np.random.RandomState(3)
     d2params = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*x.shape), init_drafter_params(d2, seed=2))
-    spec = Decoder(params, cfg, drafter=(d2params, d2), block_size=4, sampling=s)
+    spec = Decoder(params, cfg, make_plan(DraftStep(d2, cfg), d2params, block_size=4), sampling=s)
     counts = np.zeros((V, V, V))
     multi = 0
     for c in range(0, N, CHUNK):

@@ -12,6 +12,7 @@ from conftest import eval_prompts
 from helpers import REAL_REL, assert_close
 
 from dflash_jax.decode import Decoder
+from dflash_jax.speculation import make_plan
 from dflash_jax.target import Target
 from dflash_jax.tokens import encode, stop_ids
 
@@ -85,17 +86,18 @@ def test_speculative_equals_plain_on_real_prompts(smollm2):
     position: rounds of 1..B tokens) on GSM8K prompts: the SPEC floating-point rule."""
     from helpers import OracleDraft, oracle_params
 
-    from dflash_jax.drafter_io import drafter_for as load_drafter
+    from dflash_jax.speculation import plan_for
 
     ck, tok, _ = smollm2
     prompts = [encode(tok, t, chat=True) for t in eval_prompts(3)]
     plain = [r.token_ids for r in Decoder(ck.params, ck.cfg).generate(prompts, 48, stop_ids(tok))]
-    spec = Decoder(ck.params, ck.cfg, drafter=load_drafter("random", ck, tok), block_size=8)
+    random = plan_for(ck, "random", tok, prompt_lookup=False, block_size=8, verify_lengths=None)
+    spec = Decoder(ck.params, ck.cfg, random)
     for p, want, r in zip(prompts, plain, spec.generate(prompts, 48, stop_ids(tok))):
         _same_or_near_tie(ck, p, want, r.token_ids)
     errors = [{len(p) + i for i in range(1, 60) if i % 5 == 0} for p in prompts]
     oracle = Decoder(
-        ck.params, ck.cfg, drafter=(oracle_params(prompts, plain, errors), OracleDraft(ck.cfg.vocab_size, 8))
+        ck.params, ck.cfg, make_plan(OracleDraft(ck.cfg.vocab_size, 8), oracle_params(prompts, plain, errors))
     )
     results = oracle.generate(prompts, 48, stop_ids(tok))
     for p, want, r in zip(prompts, plain, results):
@@ -116,6 +118,7 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     import dflash.model
     from dflash.model import DFlash2DraftModel, DFlashDraftModel, dflash_generate
 
+    from dflash_jax.drafter import DraftStep
     from dflash_jax.drafter_io import drafter_for as load_drafter
     from dflash_jax.drafter_io import resolve_drafter
     from dflash_jax.hub import SHIPPED_DRAFTERS, SMOLLM2
@@ -129,12 +132,13 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     as_shipped = load_drafter("auto", ck, tok)  # with the draft vocabulary stored beside it
     assert as_shipped[0]["draft_vocab"]["ids"].shape[0] >= 4096
     ref = (DFlash2DraftModel if cfg.dflash2 else DFlashDraftModel).from_pretrained(folder, dtype=torch.float32).eval()
-    as_reference = (  # what the reference reads of it: mask-token blocks, no copy bias
+    as_reference = make_plan(  # what the reference reads of it: mask-token blocks, no copy bias
+        DraftStep(dataclasses.replace(cfg, block_input="mask", copy_bias=None), ck.cfg),
         {k: v for k, v in params.items() if k != "copy_bias"},
-        dataclasses.replace(cfg, block_input="mask", copy_bias=None),
+        block_size=16,
     )
-    dec = Decoder(ck.params, ck.cfg, drafter=as_reference, block_size=16)
-    shipped = Decoder(ck.params, ck.cfg, drafter=as_shipped, block_size=16)
+    dec = Decoder(ck.params, ck.cfg, as_reference)
+    shipped = Decoder(ck.params, ck.cfg, make_plan(DraftStep(cfg, ck.cfg), as_shipped[0], block_size=16))
     plain = Decoder(ck.params, ck.cfg)
     stops = stop_ids(tok)
     for text in eval_prompts(2):

@@ -1,4 +1,4 @@
-"""Verifying fewer tokens when fewer pay (``Decoder(verify_lengths=...)``) and drafting with DFlash
+"""Verifying fewer tokens when fewer pay (a plan's ``verify_lengths``) and drafting with DFlash
 and prompt lookup together (``HybridStep``): both stay lossless, and each does what it says.
 
 Greedy: token-identical to plain decoding (test_ngram's tiny target, whose output repeats itself).
@@ -14,7 +14,6 @@ import pytest
 from test_ngram import _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
 
 from dflash_jax.decode import (
-    AUTO_VERIFY_LENGTHS,
     CALIBRATION_BINS,
     Decoder,
     calibrate,
@@ -23,7 +22,8 @@ from dflash_jax.decode import (
 )
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.ngram import HybridStep, NgramStep, ngram_match
-from dflash_jax.sampling import Sampling
+from dflash_jax.sampling import GREEDY, Sampling
+from dflash_jax.speculation import AUTO_VERIFY_LENGTHS, make_plan
 
 P_REJECT = 1e-3
 
@@ -77,9 +77,9 @@ def test_calibration_changes_no_token(target):  # noqa: F811
     prompts = _prompts(3)
     want = [r.token_ids for r in plain.generate(prompts, 40)]
     step = NgramStep(block_size=8, confidence=0.99)
-    kw = dict(drafter=step, block_size=8, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.6, 2.3, 2.6))
-    trusting = Decoder(ck.params, ck.cfg, calibrate=False, **kw).generate(prompts, 40)
-    calibrated = Decoder(ck.params, ck.cfg, **kw).generate(prompts, 40)
+    kw = dict(block_size=8, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.6, 2.3, 2.6))
+    trusting = Decoder(ck.params, ck.cfg, make_plan(step, calibrate=False, **kw)).generate(prompts, 40)
+    calibrated = Decoder(ck.params, ck.cfg, make_plan(step, **kw)).generate(prompts, 40)
     assert [r.token_ids for r in trusting] == want == [r.token_ids for r in calibrated]
     rounds = [sum(len(r.acceptance_lengths) for r in out) for out in (trusting, calibrated)]
     assert rounds[0] != rounds[1], rounds  # the calibrated policy chose other verify lengths
@@ -99,21 +99,19 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
     prompts = _prompts(8)
     want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
     params, dcfg = _dflash(ck, **(DFLASH2 if which == "hybrid_dflash2" else {}))
-    hybrid = HybridStep(DraftStep(dcfg, ck.cfg, True), NgramStep(block_size=8, confidence=0.7))
-    step = {"ngram": (None, NgramStep(block_size=8, confidence=0.7)), "dflash": (params, dcfg)}.get(
-        which, (params, hybrid)
+    hybrid = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7))
+    step, params = {
+        "ngram": (NgramStep(block_size=8, confidence=0.7), None),
+        "dflash": (DraftStep(dcfg, ck.cfg), params),
+    }.get(which, (hybrid, params))
+    full = Decoder(ck.params, ck.cfg, make_plan(step, params, block_size=8))
+    short_plan = make_plan(
+        step, params, block_size=8, verify_lengths=(1, 2), verify_costs=(1, 1.2, 2.5), calibrate=False
     )
-    full = Decoder(ck.params, ck.cfg, drafter=step, block_size=8)
-    short = Decoder(
-        ck.params,
-        ck.cfg,
-        drafter=step,
-        block_size=8,
-        verify_lengths=(1, 2),
-        verify_costs=(1, 1.2, 2.5),
-        calibrate=False,
+    short = Decoder(ck.params, ck.cfg, short_plan)
+    cheap = Decoder(
+        ck.params, ck.cfg, make_plan(step, params, block_size=8, verify_lengths=(1, 4), verify_costs=(1, 1, 1))
     )
-    cheap = Decoder(ck.params, ck.cfg, drafter=step, block_size=8, verify_lengths=(1, 4), verify_costs=(1, 1, 1))
     assert short.verify_lengths == (1, 2, 8) and cheap.verify_lengths == (1, 4, 8)
     got_full, got_short, got_cheap = (d.generate(prompts, 40, (5,)) for d in (full, short, cheap))
     assert [r.token_ids for r in got_full] == want and [r.token_ids for r in got_short] == want
@@ -131,10 +129,10 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
 def test_verify_lengths_are_checked(target):  # noqa: F811
     ck, _ = target
     with pytest.raises(ValueError, match=r"must lie in \[1, block size 8\]"):
-        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 9))
+        Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths=(1, 9)))
     with pytest.raises(ValueError, match="one positive cost per verify length"):
-        Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths=(1, 4), verify_costs=(1, 2))
-    auto = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=8), verify_lengths="auto")
+        Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths=(1, 4), verify_costs=(1, 2)))
+    auto = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths="auto"))
     assert auto.verify_lengths == tuple(n for n in AUTO_VERIFY_LENGTHS if n <= 8)  # tests run on a CPU
     # without costs they are measured on this machine, per shape (the shortest is the unit), and
     # passed to the compiled loop as an argument: new timings never recompile it
@@ -147,7 +145,7 @@ def test_verify_lengths_are_checked(target):  # noqa: F811
 def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
     ck, _ = target
     params, dcfg = _dflash(ck)
-    dstep = DraftStep(dcfg, ck.cfg, True)
+    dstep = DraftStep(dcfg, ck.cfg)
     step = HybridStep(dstep, NgramStep(block_size=8, confidence=0.7), min_match=2)
     tokens = jnp.asarray(
         [
@@ -164,75 +162,82 @@ def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(t
         jnp.zeros((2,), jnp.int32),
     )
     args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
-    draft, num, conf = step.draft(*args, tokens=tokens)
+    draft, num, conf, _ = step.propose(*args, tokens=tokens, key=None, sampling=GREEDY)
     ng, ng_num, matched = ngram_match(tokens, start, 7, 4, 1)
     assert matched.tolist() == [2, 0] and ng_num.tolist() == [4, 0]
-    alone, _, dconf = dstep.draft(*args)
+    alone, _, dconf, _ = dstep.propose(*args, tokens=None, key=None, sampling=GREEDY)
     np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: "6 7" occurred before -> "8 9 6 7"
     np.testing.assert_array_equal(draft[1], alone[1])  # row 1: no match -> the drafter
     assert num.tolist() == [4, 7]
     np.testing.assert_allclose(conf[0], [0.7, 0.7, 0.7, 0.7, 0, 0, 0])
     np.testing.assert_allclose(conf[1], dconf[1], rtol=1e-6)
-    logits, num2, _ = step.logits(*args, tokens=tokens)
-    assert num2.tolist() == [4, 7] and int(jnp.argmax(logits[0, 0])) == int(ng[0, 0])
-    np.testing.assert_array_equal(jnp.argmax(logits[1], -1), alone[1])
+    # sampled: the n-gram row is its point mass, the drafter row the drafter's own draw and q
+    keys = jax.random.split(jax.random.key(0), 2)
+    sampled = step.propose(*args, tokens=tokens, key=keys, sampling=Sampling(0.8))
+    own = dstep.propose(*args, tokens=None, key=keys, sampling=Sampling(0.8))
+    assert sampled.num.tolist() == [4, 7] and int(jnp.argmax(sampled.q[0, 0])) == int(ng[0, 0])
+    np.testing.assert_array_equal(sampled.tokens[0, :4], [8, 9, 6, 7])
+    np.testing.assert_array_equal(sampled.tokens[1], own.tokens[1])
+    np.testing.assert_allclose(sampled.q[1], own.q[1], rtol=1e-5, atol=1e-7)  # the same forward, fused otherwise
 
 
 def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target):  # noqa: F811
-    """A DFlash 2 drafter's rows take its selector's walk (``DraftStep.draft``), not the argmax of
+    """A DFlash 2 drafter's rows take its selector's walk (``DraftStep.propose``), not the argmax of
     its logits; under sampling its rows take the walk's draw and q, the n-gram rows a point mass."""
     ck, _ = target
     params, dcfg = _dflash(ck, **DFLASH2)
     rs = np.random.RandomState(1)  # a selector strong enough that its walk leaves the unary argmax
     for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
         params[name] = jnp.asarray(10.0 * rs.randn(*np.shape(params[name])), jnp.float32)
-    dstep = DraftStep(dcfg, ck.cfg, True)
+    dstep = DraftStep(dcfg, ck.cfg)
     step = HybridStep(dstep, NgramStep(block_size=8, confidence=0.7), min_match=2)
     tokens = jnp.zeros((2, 26), jnp.int32).at[:, :6].set(jnp.asarray([[6, 7, 8, 9, 6, 7], [6, 7, 8, 9, 10, 11]]))
     start = jnp.asarray([5, 5], jnp.int32)
     feats = jnp.asarray(rs.randn(2, 5, len(dcfg.target_layer_ids) * ck.cfg.hidden_size), jnp.float32)
     cache = dstep.write_context(params, dstep.init_cache(2, 24), feats, jnp.zeros((2,), jnp.int32))
     args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
-    walk, _, walk_conf = dstep.draft(*args)
+    greedy = dict(key=None, sampling=GREEDY)
+    walk, _, walk_conf, _ = dstep.propose(*args, tokens=None, **greedy)
     argmax = jnp.argmax(dstep.logits(*args), -1)
     assert not np.array_equal(walk[1], argmax[1])  # the walk is not the logits' argmax here
-    draft, num, conf = step.draft(*args, tokens=tokens)
+    draft, num, conf, _ = step.propose(*args, tokens=tokens, **greedy)
     np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: prompt lookup
     np.testing.assert_array_equal(draft[1], walk[1])  # row 1: the selector's walk
     assert num.tolist() == [4, 7]
     np.testing.assert_allclose(conf[1], walk_conf[1], rtol=1e-6)
     keys = jax.random.split(jax.random.key(0), 2)
-    sampled, q, num, conf = step.sample(*args, key=keys, temperature=0.8, tokens=tokens)
-    alone, q_alone, none, conf_alone = dstep.sample(*args, key=keys, temperature=0.8)
+    sampled, num, conf, q = step.propose(*args, tokens=tokens, key=keys, sampling=Sampling(0.8))
+    alone, all_seven, conf_alone, q_alone = dstep.propose(*args, tokens=None, key=keys, sampling=Sampling(0.8))
     np.testing.assert_array_equal(sampled[1], alone[1])
     np.testing.assert_allclose(q[1], q_alone[1], rtol=1e-6)
     np.testing.assert_allclose(conf[1], conf_alone[1], rtol=1e-6)
     np.testing.assert_array_equal(sampled[0, :4], [8, 9, 6, 7])
     np.testing.assert_array_equal(q[0, jnp.arange(4), sampled[0, :4]], 1.0)  # the n-gram rows: a point mass
-    assert float(q[0].sum()) == 7.0 and num.tolist() == [4, 7] and none is None
+    assert float(q[0].sum()) == 7.0 and num.tolist() == [4, 7] and all_seven.tolist() == [7, 7]
     # The confidence (which picks the verify length) must not depend on the draws: q at offset j + 1
     # follows the token drawn at j, and a length chosen from it biases the output (the rejection rule
     # is exact for a length fixed before the draws). Other keys: other draws and q, the same confidence.
     # (with a weaker selector, whose walks differ between the keys; the cache does not read the selector)
     weak = dict(params, **{n: params[n] / 100 for n in ("predecessor_codebook", "successor_codebook")})
     other = jax.random.split(jax.random.key(7), 2)
-    walk_a, q_a, _, conf_a = dstep.sample(weak, *args[1:], key=keys, temperature=5.0)
-    walk_b, q_b, _, conf_b = dstep.sample(weak, *args[1:], key=other, temperature=5.0)
+    hot = Sampling(5.0)
+    walk_a, _, conf_a, q_a = dstep.propose(weak, *args[1:], tokens=None, key=keys, sampling=hot)
+    walk_b, _, conf_b, q_b = dstep.propose(weak, *args[1:], tokens=None, key=other, sampling=hot)
     assert not np.array_equal(np.asarray(walk_a), np.asarray(walk_b)) and not np.allclose(q_a, q_b)
     np.testing.assert_array_equal(conf_a, conf_b)
-    hybrid_a, hybrid_b = (step.sample(weak, *args[1:], key=k, temperature=5.0, tokens=tokens) for k in (keys, other))
-    np.testing.assert_array_equal(hybrid_a[3], hybrid_b[3])
+    hybrid_a, hybrid_b = (step.propose(weak, *args[1:], tokens=tokens, key=k, sampling=hot) for k in (keys, other))
+    np.testing.assert_array_equal(hybrid_a.confidence, hybrid_b.confidence)
 
 
 def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F811
     ck, _ = target
     params, dcfg = _dflash(ck)
-    dstep = DraftStep(dcfg, ck.cfg, True)
+    dstep = DraftStep(dcfg, ck.cfg)
     step = HybridStep(dstep, NgramStep(block_size=8), min_match=1)
     tokens = jnp.asarray([[6, 7, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
     start = jnp.asarray([2], jnp.int32)
     calls = []
-    real = DraftStep._forward  # the drafter's forward, which draft / logits / sample all run
+    real = DraftStep._forward  # the drafter's forward, which propose and logits run
 
     def counted(self, *a, **k):
         calls.append(1)
@@ -242,8 +247,17 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
     try:
         jaxpr = str(
             jax.make_jaxpr(
-                lambda t: step.draft(
-                    params, ck.params, dstep.init_cache(1, 16), t[:, 2], start, jnp.asarray([8]), 8, tokens=t
+                lambda t: step.propose(
+                    params,
+                    ck.params,
+                    dstep.init_cache(1, 16),
+                    t[:, 2],
+                    start,
+                    jnp.asarray([8]),
+                    8,
+                    tokens=t,
+                    key=None,
+                    sampling=GREEDY,
                 )
             )(tokens)
         )
@@ -276,10 +290,10 @@ def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2):  # noqa
         dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), dparams)
         for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
             dparams[name] = rs.randn(*np.shape(dparams[name])).astype(np.float32)
-    step = HybridStep(DraftStep(dcfg, cfg, True), NgramStep(block_size=4, confidence=0.7), min_match=1)
+    step = HybridStep(DraftStep(dcfg, cfg), NgramStep(block_size=4, confidence=0.7), min_match=1)
     # fixed costs, not timed: the test sees the same rounds anywhere
     costs = None if not lengths else (1.0, 1.8, 1.8) if dflash2 else (1.0, 1.2, 1.6)
-    dec = Decoder(params, cfg, drafter=(dparams, step), sampling=s, verify_lengths=lengths, verify_costs=costs)
+    dec = Decoder(params, cfg, make_plan(step, dparams, verify_lengths=lengths, verify_costs=costs), sampling=s)
     counts, multi = sampled_joint(dec)
     assert multi > 0  # drafts were accepted
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
@@ -294,54 +308,58 @@ def test_prompt_lookup_confidence_by_matched_length():
         NgramStep(ngram_max=2, confidence=((0.2, 0.5),))
 
 
-def test_the_defaults_by_hardware(tiny_models, tmp_path):
+def test_the_plans_users_ask_for(tiny_models, tmp_path):
+    """``plan_for``: what each ``--drafter`` value and the prompt-lookup flag give, with its label."""
     from dflash_jax import checkpoint
-    from dflash_jax.drafter_io import speculation_for
+    from dflash_jax.drafter_io import export_released
+    from dflash_jax.speculation import plan_for
 
     ck = checkpoint.load_target(tiny_models["qwen3"][2])
     tok = ck.tokenizer()
-    auto = speculation_for("auto", ck, tok)  # with no drafter shipped: prompt lookup alone
-    assert isinstance(auto, NgramStep) and len(auto.confidence) == auto.ngram_max == 4
-    params, hybrid = speculation_for("random", ck, tok)  # a DFlash drafter named: with prompt lookup
-    assert isinstance(hybrid, HybridStep) and hybrid.dflash.confidence and params is not None
-    assert speculation_for("random", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
-    assert speculation_for("none", ck, tok) is None
+    auto = plan_for(ck, "auto", tok)  # with no drafter shipped: prompt lookup alone
+    assert isinstance(auto.step, NgramStep) and len(auto.step.confidence) == auto.step.ngram_max == 4
+    assert auto.label == "prompt lookup alone" and auto.params is None and auto.block_size == 16
+    hybrid = plan_for(ck, "random", tok)  # a DFlash drafter named: with prompt lookup
+    assert isinstance(hybrid.step, HybridStep) and hybrid.params is not None
+    assert hybrid.label == "DFlash + prompt lookup"
+    alone = plan_for(ck, "random", tok, prompt_lookup=False)
+    assert isinstance(alone.step, DraftStep) and alone.block_size == 16 and alone.label == "DFlash alone"
+    assert plan_for(ck, "none", tok) is None and plan_for(ck, "auto", tok, prompt_lookup=False) is None
+    with pytest.raises(ValueError, match="block size > 1 needs a drafter"):
+        plan_for(ck, "none", tok, block_size=4)
     # a drafter reading the prompt-lookup continuation itself is used alone
-    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
-    from dflash_jax.drafter_io import export_released
-
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram")
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "ngram_drafter")
-    _, step = speculation_for(str(folder), ck, tok)
-    assert isinstance(step, DraftStep) and step.cfg.block_input == "ngram" and step.confidence
+    reading = plan_for(ck, str(folder), tok)
+    assert isinstance(reading.step, DraftStep) and reading.step.cfg.block_input == "ngram"
+    assert reading.label == "DFlash reading prompt lookup"
     # a DFlash 2 drafter: beside prompt lookup too (its rows through the selector's walk)
     d2 = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, **DFLASH2)
-    _, step = speculation_for(str(export_released(init_drafter_params(d2), d2, tmp_path / "d2")), ck, tok)
-    assert isinstance(step, HybridStep) and step.cfg.dflash2 and step.dflash.confidence
-    from dflash_jax.cli import _describe  # what `make demo` calls each of them
-
-    assert _describe(auto) == "prompt lookup alone" and _describe((params, hybrid)) == "DFlash + prompt lookup"
-    assert (
-        _describe((None, step)) == "DFlash 2 + prompt lookup"
-        and _describe((None, dcfg)) == "DFlash reading prompt lookup"
-    )
-    assert _describe(speculation_for("random", ck, tok, prompt_lookup=False)) == "DFlash alone"
-    assert _describe((None, NgramStep())) == "prompt lookup alone" and _describe(None) == "plain"
+    two = plan_for(ck, str(export_released(init_drafter_params(d2), d2, tmp_path / "d2")), tok)
+    assert isinstance(two.step, HybridStep) and two.step.cfg.dflash2 and two.label == "DFlash 2 + prompt lookup"
+    assert len(plan_for(ck, "ngram", tok, ngram_max=6).step.confidence) == 6
     from helpers import OracleDraft
 
-    assert _describe((None, OracleDraft(ck.cfg.vocab_size, 8))) == "OracleDraft"
-    with pytest.raises(ValueError, match="confidence=True"):
-        HybridStep(DraftStep(d2, ck.cfg), NgramStep())
-    assert len(speculation_for("ngram", ck, tok, ngram_max=6).confidence) == 6
+    assert make_plan(OracleDraft(ck.cfg.vocab_size, 8)).label == "OracleDraft"  # a step of another kind
+    # what a user asks is checked before any model loads, each in one place
+    from dflash_jax.errors import ConfigError
+    from dflash_jax.speculation import check_request
+
+    with pytest.raises(ConfigError, match="--drafter nowhere does not exist"):
+        check_request("nowhere")
+    with pytest.raises(ValueError, match="ngram_min <= ngram_max"):
+        check_request("auto", ngram_max=1, ngram_min=2)
+    with pytest.raises(ValueError, match="auto, full or positive numbers"):
+        check_request("auto", verify_lengths="1,x")
 
 
 def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(tiny_models, tmp_path, monkeypatch):
     """``--drafter auto`` on a CPU with a drafter shipped: ``HybridStep`` (also for a drafter that
-    reads the prompt-lookup continuation itself), whose Decoder takes block ``CPU_BLOCK_SIZE`` by
-    default and any block up to the drafter's when asked; a drafter named by folder keeps its own."""
-    from dflash_jax import checkpoint, hub
-    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
-    from dflash_jax.drafter_io import CPU_BLOCK_SIZE, export_released, speculation_for
+    reads the prompt-lookup continuation itself) at block ``CPU_BLOCK_SIZE`` by default and any
+    block up to the drafter's when asked; a drafter named by folder keeps its own."""
+    from dflash_jax import checkpoint, hub, speculation
+    from dflash_jax.drafter_io import export_released
+    from dflash_jax.speculation import CPU_BLOCK_SIZE, plan_for
 
     assert jax.default_backend() == "cpu"
     ck = checkpoint.load_target(tiny_models["qwen3"][2])
@@ -349,47 +367,49 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=3, block_input="ngram")
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "shipped")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: folder)
-    params, step = speculation_for("auto", ck, tok)
-    assert isinstance(step, HybridStep) and step.min_match == 2 and step.dflash.confidence
-    assert step.default_block_size == CPU_BLOCK_SIZE == 8 and step.max_block_size == 16
-    assert Decoder(ck.params, ck.cfg, drafter=(params, step)).block_size == CPU_BLOCK_SIZE
-    assert Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=16).block_size == 16
+    plan = plan_for(ck, "auto", tok)
+    step, params = plan.step, plan.params
+    assert isinstance(step, HybridStep) and step.min_match == 2
+    assert plan.block_size == step.default_block_size == CPU_BLOCK_SIZE == 8 and step.max_block_size == 16
+    assert plan.verify_lengths == (1, 2, 4, 8)
+    assert plan_for(ck, "auto", tok, block_size=16).block_size == 16
     # explicit verify lengths longer than the default block raise it (up to the drafter's)
-    assert Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 4, 16]).block_size == 16
+    assert make_plan(step, params, verify_lengths=[1, 4, 16]).block_size == 16
     with pytest.raises(ValueError, match="must lie in \\[1, block size 8\\]; pass lengths from 1 to 16, the longest"):
-        Decoder(ck.params, ck.cfg, drafter=(params, step), verify_lengths=[1, 32])  # no block size can hold 32
+        make_plan(step, params, verify_lengths=[1, 32])  # no block size can hold 32
     with pytest.raises(
         ValueError, match="block size 4\\]; pass shorter ones or a larger --block-size \\(this drafter's"
     ):
-        Decoder(ck.params, ck.cfg, drafter=(params, step), block_size=4, verify_lengths=[1, 8])
-    assert isinstance(speculation_for(str(folder), ck, tok)[1], DraftStep)  # named: the drafter as it is
-    assert speculation_for("auto", ck, tok, prompt_lookup=False)[1].block_size == 16  # the drafter alone
-    # a drafter already loaded (demo, bench) is used as given, not read from its folder again
+        make_plan(step, params, block_size=4, verify_lengths=[1, 8])
+    with pytest.raises(ValueError, match="block size 17 not in \\[2, 16\\]"):
+        plan_for(ck, "auto", tok, block_size=17)
+    assert isinstance(plan_for(ck, str(folder), tok).step, DraftStep)  # named: the drafter as it is
+    assert plan_for(ck, "auto", tok, prompt_lookup=False).block_size == 16  # the drafter alone
+    # a drafter loaded once (demo, bench) is used as given, not read from its folder again
     from dflash_jax import drafter_io
 
-    loaded = drafter_io.drafter_for("auto", ck, tok)
-    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded[0]))  # placed once, shared by Decoders
+    loaded = speculation.load("auto", ck, tok)
+    assert loaded.shipped and all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded.params))  # placed once
     with monkeypatch.context() as m:
         m.setattr(drafter_io, "load_drafter", lambda *a: pytest.fail("the drafter was loaded twice"))
-        again, step = speculation_for("auto", ck, tok, drafter=loaded)
-        assert again is loaded[0] and isinstance(step, HybridStep) and step.default_block_size == CPU_BLOCK_SIZE
-    with pytest.raises(ValueError, match="names no DFlash drafter here; pass drafter=None"):
-        speculation_for("ngram", ck, tok, drafter=loaded)
+        again = plan_for(ck, loaded, tok)
+        assert again.params is loaded.params and isinstance(again.step, HybridStep)
+        assert again.block_size == CPU_BLOCK_SIZE
     with monkeypatch.context() as m:  # on an accelerator (nothing compiles here: only the choices)
         m.setattr(jax, "default_backend", lambda: "gpu")
-        _, alone = speculation_for("auto", ck, tok)  # it reads the prompt-lookup continuation itself: alone
-        assert isinstance(alone, DraftStep) and alone.max_block_size == 16
-        dec = Decoder(ck.params, ck.cfg, drafter=(params, alone), verify_lengths="auto")
-        assert dec.block_size == 16 and dec.verify_lengths == ()  # the whole block, every round
+        alone = plan_for(ck, "auto", tok)  # it reads the prompt-lookup continuation itself: alone
+        assert isinstance(alone.step, DraftStep) and alone.block_size == 16
+        assert alone.verify_lengths == ()  # the whole block, every round
         mask_cfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=3)
         mask_folder = export_released(init_drafter_params(mask_cfg), mask_cfg, tmp_path / "mask")
         m.setattr(hub, "shipped_drafter", lambda identity: mask_folder)
-        _, hybrid = speculation_for("auto", ck, tok)  # a mask-token drafter: beside prompt lookup, its own block
-        assert isinstance(hybrid, HybridStep) and hybrid.default_block is None and hybrid.default_block_size == 16
+        hybrid = plan_for(ck, "auto", tok)  # a mask-token drafter: beside prompt lookup, its own block
+        assert isinstance(hybrid.step, HybridStep) and hybrid.step.default_block is None and hybrid.block_size == 16
+    assert plan_for(ck, "auto", tok, backend="gpu").verify_lengths == ()  # the backend can be named too
     small = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     small_folder = export_released(init_drafter_params(small), small, tmp_path / "b4")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: small_folder)
-    assert speculation_for("auto", ck, tok)[1].default_block_size == 4  # never above the drafter's block
+    assert plan_for(ck, "auto", tok).block_size == 4  # never above the drafter's block
     with pytest.raises(ValueError, match="default_block must be in \\[2, the drafter's 16\\], got 17"):
         HybridStep(step.dflash, NgramStep(), default_block=17)
 
@@ -400,14 +420,8 @@ def test_a_sampled_request_does_not_depend_on_its_batch(target):  # noqa: F811
     ck, _ = target
     prompts = _prompts(5)
     step = NgramStep(block_size=8, confidence=((0.3, 0.6), (0.5, 0.8), (0.7, 0.9), (0.9, 0.95)))
-    dec = Decoder(
-        ck.params,
-        ck.cfg,
-        drafter=step,
-        sampling=Sampling(0.8),
-        verify_lengths=(1, 2, 4),
-        verify_costs=(1.0, 1.3, 1.7, 2.5),
-    )
+    plan = make_plan(step, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.3, 1.7, 2.5))
+    dec = Decoder(ck.params, ck.cfg, plan, sampling=Sampling(0.8))
     alone = [dec.generate([prompts[0]], 30, seed=s)[0].token_ids for s in range(6)]
     together = [
         dec.generate([prompts[0], prompts[1], prompts[3]], 30, seed=[s, 100 + s, 200 + s])[0].token_ids

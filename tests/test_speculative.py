@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
-from dflash_jax.drafter import DrafterConfig, init_drafter_params
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.drafter_io import export_released
+from dflash_jax.speculation import make_plan
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def setup(tiny_models):
 def _spec(setup, bs):
     _, ck, dcfg, dparams, _, decoders = setup
     if bs not in decoders:
-        decoders[bs] = Decoder(ck.params, ck.cfg, drafter=(dparams, dcfg), block_size=bs)
+        decoders[bs] = Decoder(ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), dparams, block_size=bs))
     return decoders[bs]
 
 
@@ -101,7 +102,7 @@ def test_drafter_that_does_not_fit_is_a_clear_error(setup, tmp_path):
     with pytest.raises(ConfigError, match="target_layer_ids"):
         dataclasses.replace(dcfg, target_layer_ids=(0, 4))
     with pytest.raises(ValueError, match="block size 9"):
-        Decoder(ck.params, ck.cfg, drafter=(setup[3], dcfg), block_size=9)
+        Decoder(ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), setup[3], block_size=9))
 
 
 def test_generate_cli_with_released_drafter(setup, tmp_path, capsys):
@@ -177,11 +178,11 @@ def test_oracle_drafter_gives_chosen_acceptance_lengths(setup, bs):
     errors = [_errors_for(len(p), w, bs) for p, w in zip(prompts, wanted)]
     for p, g, e, w, n in zip(prompts, greedy, errors, wanted, n_new):
         assert expected_rounds(len(p), g, e, bs, n) == w  # the test's own construction is consistent
-    dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params(prompts, greedy, errors), OracleDraft(96, bs)))
+    dec = Decoder(ck.params, ck.cfg, make_plan(OracleDraft(96, bs), oracle_params(prompts, greedy, errors)))
     assert dec.block_size == bs
     # One batch, each row with its own budget: decode with the largest and compare prefixes row by row.
     for i, (p, g, w, n) in enumerate(zip(prompts, greedy, wanted, n_new)):
-        alone = Decoder(ck.params, ck.cfg, drafter=(oracle_params([p], [g], [errors[i]]), OracleDraft(96, bs)))
+        alone = Decoder(ck.params, ck.cfg, make_plan(OracleDraft(96, bs), oracle_params([p], [g], [errors[i]])))
         r = alone.generate([p], n)[0]
         assert r.acceptance_lengths == w
         assert r.token_ids == g[:n]
@@ -236,7 +237,7 @@ def test_reference_loop_with_oracle_drafter_stop_and_limit_mid_block(setup, monk
             r = long_rounds[len(long_rounds) // 2]
             stop, n_new = [], int(ends[r]) + 1 + free[r] // 2
         want = expected_rounds(len(p), g, errs, bs, n_new, stop)
-        dec = Decoder(ck.params, ck.cfg, drafter=(oracle_params([p], [g], [errs]), OracleDraft(96, bs)))
+        dec = Decoder(ck.params, ck.cfg, make_plan(OracleDraft(96, bs), oracle_params([p], [g], [errs])))
         ours = dec.generate([p], n_new, stop_token_ids=stop)[0]
         state.update(seq=p + g, errs=errs)
         out = dflash_generate(
@@ -408,7 +409,7 @@ def test_dflash2_greedy_equals_plain_and_the_reference_loop(setup, tmp_path, mon
     )
     export_released(params, cfg, tmp_path / "drafter")
     ref = DFlash2DraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32).eval()
-    dec = Decoder(ck.params, ck.cfg, drafter=(params, cfg))
+    dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(cfg, ck.cfg), params))
     got = dec.generate(prompts, 25)
     for w, g, prompt in zip(want, got, prompts):
         assert g.token_ids == w.token_ids

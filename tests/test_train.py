@@ -20,6 +20,7 @@ from dflash_jax import checkpoint, data, loss, masks, pipeline, prepare
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.errors import ConfigError, DataError
+from dflash_jax.speculation import make_plan
 from dflash_jax.target import Target
 from dflash_jax.train import Trainer
 from dflash_jax.train_config import load_config
@@ -226,11 +227,15 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
 
     ck, folder, out, trainer, _ = trained
     ds = data.TokenDataset(folder)
-    dec = Decoder(ck.params, ck.cfg, drafter=(trainer.params, trainer.dcfg))
+    dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(trainer.dcfg, ck.cfg), trainer.params))
     bs = trainer.dcfg.block_size
-    lookup = Decoder(ck.params, ck.cfg, drafter=NgramStep(block_size=bs))
+    lookup = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=bs)))
     ids = np.arange(0, ck.cfg.vocab_size, 2)  # the even tokens
-    cut = Decoder(ck.params, ck.cfg, drafter=(with_draft_vocab(trainer.params, ids, ck.params, ck.cfg), trainer.dcfg))
+    cut = Decoder(
+        ck.params,
+        ck.cfg,
+        make_plan(DraftStep(trainer.dcfg, ck.cfg), with_draft_vocab(trainer.params, ids, ck.params, ck.cfg)),
+    )
     compared = changed = 0
     for j in trainer.val_idx[:4]:
         tokens, mask = ds[int(j)]
@@ -266,7 +271,7 @@ def test_study_tau_runs_a_copy_bias_drafter_at_a_smaller_block(tiny):
     )
     params = init_drafter_params(dcfg, seed=3)
     params = dict(params, copy_bias=40.0 * jax.random.uniform(jax.random.key(1), params["copy_bias"].shape))
-    dec = Decoder(ck.params, ck.cfg, drafter=(params, dcfg), block_size=4)
+    dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), params, block_size=4))
     tokens, mask = data.TokenDataset(folder)[2]
     first = int(np.argmax(np.asarray(mask)))
     full = np.asarray(tokens).tolist()
@@ -297,7 +302,7 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
     for j in trainer.val_idx[:8]:
         tok, lm = ds[int(j)]
         prompts.append(tok[: int(np.argmax(lm))].tolist())
-    dec = Decoder(ck.params, ck.cfg, drafter=(params, dcfg))
+    dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(dcfg, ck.cfg), params))
     results = dec.generate(prompts, 48)
     lengths = [a for r in results for a in r.acceptance_lengths]
     tau = float(np.mean(lengths))
@@ -1255,7 +1260,7 @@ def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(tra
     sys.path.insert(0, str(ROOT / "launch"))
     from study_tau import drafter_rounds
 
-    dec = Decoder(ck.params, ck.cfg, drafter=(again.params, again.dcfg))
+    dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(again.dcfg, ck.cfg), again.params))
     for j in again.val_idx[:2]:  # launch/study_tau.py walks the selector as the decoder does
         full = np.asarray(data.TokenDataset(folder)[int(j)][0]).tolist()
         first = int(np.argmax(np.asarray(data.TokenDataset(folder)[int(j)][1])))

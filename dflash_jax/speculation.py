@@ -1,0 +1,310 @@
+"""One speculation plan: what every round of the decoding loop does, resolved once per run.
+
+A ``Plan`` is frozen: the draft step (``steps``: the DFlash drafter, prompt lookup, both, or any
+other step), its parameters, the block size, the verify lengths the loop may choose from each
+round and their costs, whether the choice is calibrated per row, and a label for people. The
+``Decoder`` takes a plan (or ``None``: plain decoding) and never inspects the step it holds.
+
+Two functions build plans, and every range check of these settings lives in them:
+
+- ``make_plan(step, params, ...)``: from a step in hand (the Python API, tests, studies). It
+  checks the block size against the step and the verify lengths and costs against the block.
+- ``plan_for(ck, drafter, ...)``: from what a user asks (``--drafter auto``, a folder, ``ngram``,
+  ``random``, ``none``, and the drafting flags), on this backend. It owns the CPU/accelerator
+  policy of ``auto`` and calls ``make_plan``. ``load`` resolves and loads a drafter once, so a run
+  that builds several plans (``bench``'s arms, ``demo``'s rows) reads it once.
+
+Every plan is lossless: the loop verifies every draft token it commits (greedy: output identical
+to plain decoding; sampled: the target's distribution, SPEC "Sampling").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dflash_jax.checkpoint import TargetCheckpoint
+from dflash_jax.drafter import DRAFT_VOCAB, DrafterConfig, DraftStep
+from dflash_jax.drafter_io import drafter_for, resolve_drafter
+from dflash_jax.errors import ConfigError
+from dflash_jax.ngram import HybridStep, NgramStep
+
+# The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
+# compute-bound (a 16-token verify costs 2.1-3.8 plain steps on the 2-core machines this project
+# runs on; docs/BENCHMARKS.md "Speculative round cost"). Their costs are measured on the machine.
+AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
+
+# How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
+# token, each later one given the ones before), as the verify-length choice reads it. Measured on
+# SmolLM2-135M's recorded greedy answers to 160 first turns of the five benchmark sets
+# (`launch/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
+NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
+
+# The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
+# decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
+# sets, 1.31x both; `launch/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
+CPU_BLOCK_SIZE = 8
+
+# What --drafter takes besides a folder.
+DRAFTER_NAMES = ("auto", "none", "random", "ngram")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: params are arrays, compared by identity
+class Plan:
+    """What a round does (see the module docstring); build it with ``make_plan`` or ``plan_for``.
+
+    Fields:
+      step: the draft step (``steps``), static and hashable.
+      params: its parameter pytree (``None`` for a step without parameters).
+      block_size: the block each round drafts, anchor included (``2 .. step.max_block_size``).
+      verify_lengths: the lengths the loop may verify per round, ascending, the block size last;
+        ``()``: the whole block every round (the plain SPEC loop).
+      verify_costs: a round's cost at each verify length (any unit); ``None``: measured on this
+        machine when a shape is first compiled (``Decoder.measure_verify_costs``).
+      calibrate: with verify lengths, correct the step's confidence per row from the acceptance
+        its earlier rounds saw (``decode.calibrate``).
+      label: words for people and logs (e.g. "DFlash 2 over 8192 tokens + prompt lookup").
+    """
+
+    step: Any
+    params: Any
+    block_size: int
+    verify_lengths: tuple[int, ...] = ()
+    verify_costs: tuple[float, ...] | None = None
+    calibrate: bool = True
+    label: str = ""
+
+    def describe(self) -> str:
+        """One line for logs: the label, the block size and the verify lengths."""
+        lengths = ", ".join(map(str, self.verify_lengths)) if self.verify_lengths else "the block"
+        return f"{self.label}, block size {self.block_size}, verify lengths {lengths}"
+
+
+def parse_verify_lengths(value: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
+    """``--verify-lengths`` as ``make_plan`` takes it: ``"auto"``, ``None`` (``"full"``: the block
+    only) or a tuple of lengths (``"1,4,16"`` or a sequence of ints).
+
+    Raises:
+      ValueError: anything else, or a length below 1.
+    """
+    if value is None or value == "full":
+        return None
+    if value == "auto":
+        return "auto"
+    try:
+        lengths = tuple(int(x) for x in (value.split(",") if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        lengths = ()
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"verify lengths take auto, full or positive numbers such as 1,4,16; got {value!r}")
+    return lengths
+
+
+def make_plan(
+    step,
+    params=None,
+    *,
+    block_size: int | None = None,
+    verify_lengths: str | Sequence[int] | None = None,
+    verify_costs: Sequence[float] | str | None = None,
+    calibrate: bool = True,
+    backend: str | None = None,
+    label: str | None = None,
+) -> Plan:
+    """The plan that drafts with ``step`` (``steps``; ``params`` its parameters).
+
+    Args:
+      block_size: the block (anchor included); default the step's ``default_block_size``, raised
+        to the longest explicit verify length the step can take.
+      verify_lengths: ``None``/``"full"``: the block every round; ``"auto"``: on a CPU
+        ``AUTO_VERIFY_LENGTHS`` up to the block (a long verify is compute-bound there), elsewhere
+        the block only; or lengths (``parse_verify_lengths``), the block always among them. Per
+        round the loop picks the one that commits most tokens per unit of cost
+        (``decode.choose_verify_length``). Output is unchanged either way.
+      verify_costs: a cost per verify length; ``None`` or ``"measure"``: measured on this machine.
+      calibrate: see ``Plan``.
+      backend: ``jax.default_backend()`` unless given (``"cpu"``, ``"gpu"``, ``"tpu"``).
+      label: see ``Plan``; default the step's class name.
+
+    Raises:
+      ValueError: a block size outside ``[2, step.max_block_size]``, verify lengths outside
+        ``[1, block size]`` or malformed, or costs that are not one positive number per length.
+    """
+    backend = backend or jax.default_backend()
+    limit = step.max_block_size
+    verify_lengths = parse_verify_lengths(verify_lengths)
+    if block_size is None:
+        block_size = step.default_block_size
+        if isinstance(verify_lengths, tuple):  # long enough for the lengths asked
+            block_size = max([block_size, *(n for n in verify_lengths if n <= limit)])
+    block_size = int(block_size)
+    if not 2 <= block_size <= limit:
+        raise ValueError(
+            f"block size {block_size} not in [2, {limit}] for this drafter; pass --block-size between 2 and {limit}"
+        )
+    if verify_lengths == "auto":
+        verify_lengths = tuple(n for n in AUTO_VERIFY_LENGTHS if n <= block_size) if backend == "cpu" else None
+    lengths = sorted({*(verify_lengths or ()), block_size})
+    if lengths[-1] > block_size:
+        fix = (
+            f"pass shorter ones or a larger --block-size (this drafter's longest block is {limit})"
+            if lengths[-1] <= limit
+            else f"pass lengths from 1 to {limit}, the longest block this drafter drafts"
+        )
+        raise ValueError(f"verify lengths {list(verify_lengths)} must lie in [1, block size {block_size}]; {fix}")
+    costs = None
+    if verify_costs not in (None, "measure"):
+        costs = tuple(float(c) for c in np.asarray(verify_costs, np.float64).ravel())
+        if len(costs) != len(lengths) or not all(0 < c < float("inf") for c in costs):
+            raise ValueError(f"verify costs {list(costs)} must give one positive cost per verify length {lengths}")
+    several = len(lengths) > 1
+    return Plan(
+        step,
+        params,
+        block_size,
+        tuple(lengths) if several else (),
+        costs if several else None,
+        bool(calibrate),
+        label or type(step).__name__,
+    )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Drafter:
+    """A DFlash drafter loaded for a target, once per run (``load``).
+
+    Fields: ``params`` (on the default device, with its draft vocabulary when it has one),
+    ``cfg``, ``source`` (its folder, or ``"random"``), ``shipped`` (it is the drafter ``auto``
+    found for this target, whose CPU policy ``plan_for`` applies).
+    """
+
+    params: Any
+    cfg: DrafterConfig
+    source: str
+    shipped: bool = False
+
+    @property
+    def label(self) -> str:
+        """``DFlash`` / ``DFlash 2``, and ``over N tokens`` with a draft vocabulary."""
+        vocab = self.params.get(DRAFT_VOCAB) if isinstance(self.params, dict) else None
+        over = f" over {vocab['ids'].shape[0]} tokens" if vocab is not None else ""
+        return ("DFlash 2" if self.cfg.dflash2 else "DFlash") + over
+
+
+def check_drafter_name(spec: str) -> None:
+    """Raise ``ConfigError`` unless ``spec`` is one of ``DRAFTER_NAMES`` or an existing folder."""
+    if spec not in DRAFTER_NAMES and not Path(spec).is_dir():
+        names = ", ".join(DRAFTER_NAMES)
+        raise ConfigError(f"--drafter {spec} does not exist (give a drafter folder or one of {names})")
+
+
+def check_request(drafter, ngram_max: int = 4, ngram_min: int = 1, verify_lengths=None) -> None:
+    """The checks of what a user asks that need no model (``plan_for`` makes them too; a CLI makes
+    them before loading one): the drafter's name (``check_drafter_name``; a loaded ``Drafter``
+    passes), the n-gram lengths (``NgramStep``) and the verify lengths' form
+    (``parse_verify_lengths``).
+
+    Raises:
+      ConfigError: an unknown drafter name or a missing folder.
+      ValueError: bad n-gram or verify lengths.
+    """
+    if isinstance(drafter, str):
+        check_drafter_name(drafter)
+    NgramStep(ngram_max, ngram_min)
+    parse_verify_lengths(verify_lengths)
+
+
+def load(spec: str, ck: TargetCheckpoint, tok, *, seed: int = 0, draft_vocab: int | None = None) -> Drafter | str:
+    """Resolve ``--drafter spec`` for target ``ck`` and load the DFlash drafter it names, once.
+
+    ``auto`` -> the drafter shipped for this target (``hub.SHIPPED_DRAFTERS``), else ``"none"``;
+    ``random`` -> a fresh 1-layer drafter (block 16, seeded by ``seed``); a folder -> that drafter
+    (ours or the released format); ``none`` and ``ngram`` are returned as they are (no DFlash
+    drafter). ``draft_vocab``: as ``drafter_io.drafter_for``.
+
+    Raises:
+      ConfigError: an unknown name or a missing folder; the drafter does not fit the target; a
+        bad ``draft_vocab``.
+      CheckpointError: a damaged drafter folder.
+    """
+    check_drafter_name(spec)
+    resolved = resolve_drafter(spec, ck)
+    if resolved in ("none", "ngram"):
+        return resolved
+    params, cfg = drafter_for(resolved, ck, tok, seed, draft_vocab)
+    return Drafter(params, cfg, resolved, shipped=spec == "auto")
+
+
+def ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:
+    """``NGRAM_CONFIDENCE`` for suffix lengths 1..ngram_max (lengths past 4 take length 4's)."""
+    return tuple(NGRAM_CONFIDENCE[min(n, len(NGRAM_CONFIDENCE)) - 1] for n in range(1, ngram_max + 1))
+
+
+def plan_for(
+    ck: TargetCheckpoint,
+    drafter: str | Drafter = "auto",
+    tok=None,
+    *,
+    prompt_lookup: bool = True,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    block_size: int | None = None,
+    verify_lengths: str | Sequence[int] | None = "auto",
+    verify_costs: Sequence[float] | None = None,
+    calibrate: bool = True,
+    draft_vocab: int | None = None,
+    seed: int = 0,
+    backend: str | None = None,
+) -> Plan | None:
+    """The plan for what a user asks (``generate``'s flags); ``None``: plain decoding.
+
+    ``drafter``: a ``--drafter`` value (``load``; needs ``tok`` for ``random``) or a ``Drafter``
+    already loaded. ``ngram`` -> prompt lookup alone (``NgramStep``); ``none`` -> plain. A DFlash
+    drafter with ``prompt_lookup`` -> ``HybridStep`` (prompt lookup where the last
+    ``min(2, ngram_max)`` tokens occurred before, the drafter elsewhere); without, the drafter
+    alone (so also a drafter that reads the prompt-lookup continuation itself, ``block_input
+    ="ngram"``, unless ``auto`` on a CPU). ``auto`` with ``prompt_lookup`` is the fastest setup
+    measured for the backend: on an accelerator the shipped drafter as above; on a CPU the shipped
+    drafter beside prompt lookup at block ``CPU_BLOCK_SIZE`` (there a 16-token verify costs 2-3.8
+    plain steps and prompt lookup's long matches need no drafter forward: docs/BENCHMARKS.md "The
+    CPU default"); with no drafter shipped, prompt lookup alone. The other arguments: as
+    ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
+
+    Raises:
+      ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
+        drafter.
+      ConfigError, CheckpointError: as ``load``.
+    """
+    check_request(drafter, ngram_max, ngram_min, verify_lengths)
+    ngram = NgramStep(ngram_max, ngram_min, confidence=ngram_confidence(ngram_max))
+    loaded = load(drafter, ck, tok, seed=seed, draft_vocab=draft_vocab) if isinstance(drafter, str) else drafter
+    if loaded == "none" and drafter == "auto" and prompt_lookup:  # nothing shipped: prompt lookup alone
+        loaded = "ngram"
+    if loaded == "none":
+        if block_size not in (None, 1):
+            raise ValueError("a block size > 1 needs a drafter (--drafter none is plain decoding)")
+        return None
+    settings = dict(
+        block_size=block_size,
+        verify_lengths=verify_lengths,
+        verify_costs=verify_costs,
+        calibrate=calibrate,
+        backend=backend,
+    )
+    if loaded == "ngram":
+        return make_plan(ngram, label="prompt lookup alone", **settings)
+    alone = DraftStep(loaded.cfg, ck.cfg)
+    auto_on_cpu = loaded.shipped and (backend or jax.default_backend()) == "cpu"
+    if not prompt_lookup:
+        return make_plan(alone, loaded.params, label=f"{loaded.label} alone", **settings)
+    if loaded.cfg.block_input == "ngram" and not auto_on_cpu:  # it reads the prompt-lookup continuation itself
+        return make_plan(alone, loaded.params, label=f"{loaded.label} reading prompt lookup", **settings)
+    ngram = dataclasses.replace(ngram, block_size=loaded.cfg.block_size)
+    default = min(CPU_BLOCK_SIZE, loaded.cfg.block_size) if auto_on_cpu else None
+    hybrid = HybridStep(alone, ngram, min(2, ngram_max), default)
+    return make_plan(hybrid, loaded.params, label=f"{loaded.label} + prompt lookup", **settings)
