@@ -53,7 +53,7 @@ def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_
     again = prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
     assert again["stats"] == meta["stats"] and not stale.exists()
     assert {f: (out / "shard_00000" / f).read_bytes() for f in data.FILES} == before
-    with pytest.raises(data.DataError, match="other prompts or settings"):
+    with pytest.raises(data.DataError, match=r"other settings \(max_new_tokens: 12 -> 13\); choose another --out"):
         prepare.prepare(ck, tok, items, out, max_new_tokens=13, batch_size=4, shard_size=4, progress=False)
     np.save(out / "shard_00001" / "offsets.npy", np.array([0, 5], np.int64))
     with pytest.raises(data.DataError, match="shard_00001"):
