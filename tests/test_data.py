@@ -90,6 +90,24 @@ def test_prompt_formats_and_their_errors(tmp_path, target):
         prepare.prepare(ck, tok, prompts.read_prompts(long), tmp_path / "o", max_new_tokens=8, progress=False)
 
 
+def test_auto_reads_instruction_rows_as_alpaca_whatever_the_file_name(tmp_path):
+    """Rows with ``instruction`` + ``input`` in a file not named alpaca keep their input (``auto`` used
+    to fall back to ``plain`` by the name and drop it); rows of other fields are still read as plain."""
+    rows = [
+        {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+        {"instruction": "Name a colour.", "input": "", "output": "red"},
+        {"instruction": "Sum these.", "input": "  ", "output": "?"},
+    ]
+    tasks = tmp_path / "my_tasks.json"
+    tasks.write_text(json.dumps(rows))
+    auto = prompts.read_prompts(tasks)
+    assert auto == prompts.read_prompts(tasks, fmt="alpaca")
+    assert [p.text for p in auto] == ["Translate to French.\n\nGood morning", "Name a colour.", "Sum these."]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in [{"prompt": "t5", "input": "x"}, rows[0]]))
+    assert [p.text for p in prompts.read_prompts(mixed)] == ["t5", "Translate to French.\n\nGood morning"]
+
+
 def test_loop_detector():
     assert loops([1, 2, 3] * 10)
     assert not loops(list(range(40)))
