@@ -34,7 +34,7 @@ import numpy as np
 from dflash_jax.errors import BenchError
 from dflash_jax.prompts import EvalPrompt
 from dflash_jax.tokens import chat_ids, loops
-from dflash_jax.utils import atomic_write_text, json_sha256, read_jsonl
+from dflash_jax.utils import atomic_write_text, differences_text, json_sha256, read_jsonl
 
 
 def _timing(r) -> dict:
@@ -79,7 +79,8 @@ def run(
       ``prompt_tokens``, ``output_ids`` (plain).
 
     Raises:
-      BenchError: ``records`` was written with other settings.
+      BenchError: ``records`` was written with other settings (the fields that differ are named) or
+        is not a records file.
     """
     done = _open_records(records, settings)
     # a record is reused only for the same item with the same text (another prompts file may reuse ids)
@@ -163,11 +164,15 @@ def drafter_fingerprint(params, cfg) -> str:
     return h.hexdigest()[:16]
 
 
+def settings_without_folder(settings: dict) -> dict:
+    """``settings`` without the drafter's folder: what a records file's key hashes (``drafter_sha256``
+    names the drafter whatever its path, so a moved checkout or a copied drafter resumes its records)."""
+    return {k: v for k, v in settings.items() if k != "drafter"}
+
+
 def settings_key(settings: dict) -> str:
-    """The 16-hex-digit key a records file is resumed under: a sha256 of ``settings`` without the
-    drafter's folder (``drafter_sha256`` names the drafter whatever its path, so a moved checkout or
-    a copied drafter resumes its records)."""
-    return json_sha256({k: v for k, v in settings.items() if k != "drafter"}, 16)
+    """The 16-hex-digit key a records file is resumed under: a sha256 of ``settings_without_folder``."""
+    return json_sha256(settings_without_folder(settings), 16)
 
 
 def _legacy_settings_key(settings: dict) -> str:
@@ -191,6 +196,12 @@ def read_records(path: str | Path) -> tuple[dict, list[dict]]:
 
 
 def _open_records(path: Path, settings: dict) -> list[dict]:
+    """The records already in ``path`` (created with a ``settings`` header if absent; a cut last line dropped).
+
+    Raises:
+      BenchError: ``path`` was written with other settings (the message names the fields that differ,
+        old -> new, shortened) or has no settings header.
+    """
     key = settings_key(settings)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,9 +213,16 @@ def _open_records(path: Path, settings: dict) -> list[dict]:
         path.write_text(json.dumps({"settings": settings, "settings_key": key}) + "\n")
         return []
     if header.get("settings_key") not in (key, _legacy_settings_key(settings)):
+        old = rows[0].get("settings") if isinstance(rows[0], dict) else None
+        if not isinstance(old, dict):
+            raise BenchError(
+                f"{path} has no settings header, so it is not a bench records file; pass another --json-out, "
+                "or delete it to start over"
+            )
+        new = json.loads(json.dumps(settings, default=str))  # as it was written (lists, not tuples)
+        diff = differences_text(settings_without_folder(old), settings_without_folder(new))
         raise BenchError(
-            f"{path} holds records of a run with other settings ({header.get('settings')}); "
-            "pass another --json-out, or delete the file to start over"
+            f"{path} was written with other settings ({diff}); pass another --json-out, or delete it to start over"
         )
     recs = rows[1:]
     if skipped or not path.read_text(encoding="utf-8").endswith("\n"):

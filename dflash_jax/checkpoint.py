@@ -87,12 +87,25 @@ def tokenizer_hash(folder: Path) -> str:
 # ----------------------------------------------------------------------------- HF -> params
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _weight_map(hf_dir: Path) -> dict | None:
+    """The ``weight_map`` (tensor -> file name) of ``hf_dir``'s safetensors index, or None without one."""
+    index = hf_dir / INDEX_FILE
+    if not index.exists():
+        return None
+    content = read_json(index)
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no 'weight_map' object")
+    return weight_map
+
+
 def _safetensors_files(hf_dir: Path) -> list[Path]:
-    index = hf_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' object")
+    index = hf_dir / INDEX_FILE
+    weight_map = _weight_map(hf_dir)
+    if weight_map is not None:
         names = sorted(set(map(str, weight_map.values())))
         # a file name, not a path: the check is on the name as written, so the Hugging Face cache's
         # layout (snapshots/<hash>/ files that are symlinks into ../../blobs) is accepted
@@ -113,6 +126,41 @@ def _safetensors_files(hf_dir: Path) -> list[Path]:
     return paths
 
 
+def _check_index_holds(hf_dir: Path, files: list[Path], name: str) -> None:
+    """Tensor ``name`` is in none of ``files``: if the safetensors index is why (it maps the tensor to
+    a file that does not hold it, or leaves out the file that does), say so.
+
+    Raises:
+      CheckpointError: the index points at the wrong file or leaves out the one holding the tensor
+        (naming the tensor, the file the index names, the file that holds it, and the fix: regenerate
+        the index), or it names a file and no file holds the tensor (download again).
+    """
+    weight_map = _weight_map(hf_dir)
+    if weight_map is None:
+        return
+    holder = None
+    for p in sorted(set(hf_dir.glob("*.safetensors")) - set(files)):  # the files the index leaves out
+        try:
+            if name in safetensors_names(p):
+                holder = p.name
+                break
+        except CheckpointError:  # an unreadable stray file holds nothing we read
+            continue
+    index, fix = hf_dir / INDEX_FILE, f"regenerate {INDEX_FILE} from the files (save_pretrained writes it)"
+    named = weight_map.get(name)
+    if named is not None and holder is not None:
+        raise CheckpointError(
+            f"{index} points tensor {name} at the wrong file: {named} does not hold it, {holder} does; {fix}"
+        )
+    if named is not None:
+        raise CheckpointError(
+            f"tensor {name} is missing: {index} maps it to {named}, which does not hold it, and no other "
+            f".safetensors file in {hf_dir} does; download the model again (a cut download?)"
+        )
+    if holder is not None:
+        raise CheckpointError(f"{index} does not list tensor {name}, which is in {holder}; {fix}")
+
+
 def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     """Read HF safetensors into our parameter pytree (numpy float32).
 
@@ -124,7 +172,9 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
 
     Raises:
       CheckpointError: a weight file or tensor is missing or unreadable, a tensor has the wrong
-        shape, or a tensor the config does not describe is present; the message names it.
+        shape, a tensor the config does not describe is present, or ``model.safetensors.index.json``
+        points a tensor at a file that does not hold it (it names the tensor and both files); the
+        message names it.
     """
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
     files = _safetensors_files(hf_dir)
@@ -138,9 +188,11 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
         skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
         return skipped or name.endswith("rotary_emb.inv_freq") or name == tied_head
 
-    params, unused = read_safetensors(
-        files, hf_param_names(cfg, fused_experts=fused, prefix=prefix), param_shapes(cfg), ignore
-    )
+    names = hf_param_names(cfg, fused_experts=fused, prefix=prefix)
+    missing = sorted(set(names) - present)
+    if missing:  # a wrong index says so (else read_safetensors names the missing tensor)
+        _check_index_holds(hf_dir, files, missing[0])
+    params, unused = read_safetensors(files, names, param_shapes(cfg), ignore)
     if unused:
         raise CheckpointError(
             f"{len(unused)} tensor(s) in {hf_dir} that config.json does not describe, first: "

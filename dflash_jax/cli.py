@@ -240,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         default="auto",
         choices=["auto", "gsm8k", "alpaca", "mbpp", "plain"],
-        help="row format; auto picks by file name",
+        help="row format; auto picks by file name, else reads instruction (+ input) rows as alpaca, others as plain",
     )
     m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (shards + meta.json)")
     m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")

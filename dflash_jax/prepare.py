@@ -24,7 +24,7 @@ from dflash_jax.errors import DataError
 from dflash_jax.loss import target_features
 from dflash_jax.prompts import Prompt
 from dflash_jax.tokens import encode, loops
-from dflash_jax.utils import atomic_write_text, json_sha256, log
+from dflash_jax.utils import atomic_write_text, differences_text, json_sha256, log
 
 
 def regenerate(
@@ -55,16 +55,22 @@ def regenerate(
     return [p + r for p, r in seqs], [[False] * len(p) + [True] * len(r) for p, r in seqs]
 
 
-def _check_finished_shards(out: Path, names: Sequence[str], key: str, indexed: Sequence[str]) -> None:
-    """Every shard already in ``out`` must be intact and made with these settings (``key``).
+_SAME_SETTINGS = "choose another --out, or rerun with the settings it was made with"
 
-    A shard records the hash of the settings it was made with; one written before shards recorded
-    it is taken only when an index with these settings lists it.
+
+def _check_finished_shards(out: Path, names: Sequence[str], settings: dict, indexed: Sequence[str]) -> None:
+    """Every shard already in ``out`` must be intact and made with ``settings``.
+
+    A shard records the hash of the settings it was made with (a newer one the settings too, so that
+    a refusal names what differs); one written before shards recorded the hash is taken only when an
+    index with these settings lists it.
 
     Raises:
-      DataError: a damaged shard or one made with other settings (or another target), naming it
-        and the fix; nothing has been written yet.
+      DataError: a damaged shard or one made with other settings (or another target), naming it,
+        the settings that differ (old -> new) where the shard records them, and the fix; nothing has
+        been written yet.
     """
+    key = json_sha256(settings)
     for name in names:
         if not (out / name).exists():
             continue
@@ -74,9 +80,15 @@ def _check_finished_shards(out: Path, names: Sequence[str], key: str, indexed: S
             raise DataError(f"{e}; delete {out / name} and rerun this command (it remakes only that shard)") from None
         made_with = shard.meta.get("settings_sha256")
         if made_with != key and not (made_with is None and name in indexed):
+            old = shard.meta.get("settings")
+            if isinstance(old, dict):
+                diff = differences_text(old, settings)
+            elif shard.meta.get("target", settings["target"]) != settings["target"]:
+                diff = differences_text({"target": shard.meta["target"]}, {"target": settings["target"]})
+            else:  # an older shard records only the hash of its settings
+                diff = "it records their hash only, not which differ"
             raise DataError(
-                f"{out / name} was made with other settings or another target than this command's; "
-                f"choose another --out (or delete {out} to start over)"
+                f"{out / name} was made with other settings ({diff}); {_SAME_SETTINGS} (or delete {out} to start over)"
             )
 
 
@@ -101,7 +113,8 @@ def prepare(
 
     Raises:
       DataError: a prompt too long for the target's context (named by file and line), a corrupt
-        finished shard (named; the others are kept), or ``out`` prepared with other settings.
+        finished shard (named; the others are kept), or ``out`` (or a shard in it) prepared with
+        other settings (the settings that differ named, old -> new).
     """
     out = Path(out)
     ids = []
@@ -135,12 +148,16 @@ def prepare(
         legacy = {**settings, "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
         if isinstance(old, dict) and old.get("settings") == legacy:  # written before prompts were hashed as a list
             settings, key = legacy, json_sha256(legacy)
-        elif not isinstance(old, dict) or old.get("settings") != settings:
-            raise DataError(f"{out} holds data prepared from other prompts or settings; choose another --out")
+        elif not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
+            raise DataError(f"{index_path} is not the index of a prepare-data folder; choose another --out")
+        elif old["settings"] != settings:
+            same_prompts = old["settings"].get("prompts_sha256") == legacy["prompts_sha256"]
+            diff = differences_text(old["settings"], legacy if same_prompts else settings)
+            raise DataError(f"{out} holds data prepared with other settings ({diff}); {_SAME_SETTINGS}")
         indexed = old.get("shards") or []
     n_shards = -(-len(prompts) // shard_size)
     names = [f"shard_{k:05d}" for k in range(n_shards)]
-    _check_finished_shards(out, names, key, indexed)  # before anything is written
+    _check_finished_shards(out, names, settings, indexed)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
 
     def write_index(done: list[str]) -> None:
@@ -201,6 +218,7 @@ def prepare(
                     "tokenizer_sha256": ck.identity["tokenizer_sha256"],
                     "stats": stats,
                     "settings_sha256": key,
+                    "settings": settings,
                     "target": ck.identity,
                     "prompts": [prompts[idx[j]].where for j in keep],
                 },

@@ -51,27 +51,42 @@ def read_rows(path: Path) -> list[tuple[int, object]]:
     return rows
 
 
+def _plain_field(row: dict) -> str | None:
+    """The field the ``plain`` format reads: the first non-empty one of ``prompt``, ``question``,
+    ``problem``, ``instruction``."""
+    return next(
+        (k for k in ("prompt", "question", "problem", "instruction") if isinstance(row.get(k), str) and row[k].strip()),
+        None,
+    )
+
+
 def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) -> list[Prompt]:
     """User prompts of a prompt file, formatted as the reference benchmark does (shared/data README).
 
     Formats: ``gsm8k`` (``question`` + the step-by-step/boxed suffix), ``alpaca`` (``instruction``,
     then ``input`` if any), ``mbpp`` (``prompt``; task ids 11-510, the evaluation split, skipped),
     ``plain`` (the first of ``prompt``, ``question``, ``problem``, ``instruction``). ``auto`` picks
-    by file name (gsm8k / alpaca / mbpp), else ``plain``.
+    by file name (gsm8k / alpaca / mbpp), else reads each row as ``plain``, but a row whose text
+    ``plain`` would take from ``instruction`` as ``alpaca`` (its ``input`` kept, whatever the file is
+    called).
 
     Raises:
       DataError: unreadable file, not JSONL / a JSON list, or a row without the needed text
         field (the message names the file and line).
     """
     path = Path(path)
-    if fmt == "auto":
+    by_row = fmt == "auto"
+    if by_row:
         name = path.name.lower()
         fmt = next((f for f in ("gsm8k", "alpaca", "mbpp") if f in name), "plain")
+        by_row = fmt == "plain"  # no name to go by: an Alpaca row is known by its instruction field
     out = []
     for n, row in read_rows(path):
         where = f"{path}:{n}"
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object")
+        if by_row:  # where plain would read the instruction, read the row as Alpaca's (its input too)
+            fmt = "alpaca" if _plain_field(row) == "instruction" else "plain"
         if fmt == "gsm8k":
             text = row.get("question")
             text = text + GSM8K_SUFFIX if isinstance(text, str) and text.strip() else None
@@ -84,14 +99,7 @@ def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) 
                 continue
             text = row.get("prompt")
         else:
-            text = next(
-                (
-                    row[k]
-                    for k in ("prompt", "question", "problem", "instruction")
-                    if isinstance(row.get(k), str) and row[k].strip()
-                ),
-                None,
-            )
+            text = row.get(_plain_field(row))
         if not isinstance(text, str) or not text.strip():
             raise DataError(f"{where}: no prompt text for format {fmt!r}")
         out.append(Prompt(text, where))

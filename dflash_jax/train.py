@@ -42,9 +42,9 @@ from dflash_jax.errors import CheckpointError, ConfigError, DataError
 from dflash_jax.sharding import make_mesh
 from dflash_jax.speculation import make_plan
 from dflash_jax.tokens import stop_ids
-from dflash_jax.train_config import BEST_BY, differences, drafter_config, fingerprint, run_identity
+from dflash_jax.train_config import BEST_BY, drafter_config, fingerprint, run_identity
 from dflash_jax.train_step import eval_stats, make_optimizer, make_schedule, sharded_step, summarise
-from dflash_jax.utils import atomic_write_text, enable_compilation_cache, read_jsonl
+from dflash_jax.utils import atomic_write_text, differences, enable_compilation_cache, read_jsonl
 
 SELECTOR_METRICS = ("selector_loss", "selector_acc", "topk_coverage")  # DFlash 2's, beside the block loss's
 

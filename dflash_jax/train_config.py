@@ -263,16 +263,6 @@ def run_identity(
     return identity
 
 
-def differences(old, new, prefix: str = "") -> list[str]:
-    """``key: old -> new`` for every leaf that differs between two JSON-like trees."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += differences(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
-
-
 def fingerprint(parts: dict) -> str:
     """The run id: a hash of the run's identity (``run_identity``)."""
     return json_sha256(parts)

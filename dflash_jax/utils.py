@@ -45,6 +45,38 @@ def json_sha256(obj, digits: int | None = None) -> str:
     return digest if digits is None else digest[:digits]
 
 
+def short(value, width: int = 24) -> str:
+    """``repr`` of ``value``, cut to ``width`` characters (``...`` marks the cut): for error messages."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def differences(old, new, prefix: str = "", width: int | None = None) -> list[str]:
+    """``key: old -> new`` for every leaf that differs between two JSON-like trees.
+
+    A nested dict's leaves are named by dotted keys (``target.tokenizer_sha256``); with ``width``,
+    each value is cut to that many characters (``short``).
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += differences(old.get(k), new.get(k), f"{prefix}{k}.", width)
+        return out
+    if old == new:
+        return []
+    if width is None:
+        return [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+    return [f"{prefix[:-1]}: {short(old, width)} -> {short(new, width)}"]
+
+
+def differences_text(old, new, limit: int = 3, width: int = 24) -> str:
+    """The first ``limit`` of ``differences(old, new, width=width)``, joined by ``; `` (then how many
+    more), for a one-line error message; ``unknown difference`` when none shows."""
+    diff = differences(old, new, width=width)
+    more = f"; and {len(diff) - limit} more" if len(diff) > limit else ""
+    return "; ".join(diff[:limit]) + more if diff else "unknown difference"
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     """sha256 (hex) of a file's bytes, read in chunks."""
     h = hashlib.sha256()

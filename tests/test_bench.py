@@ -93,6 +93,41 @@ def test_summary_figures_by_hand():
     assert rep["tau"] == s["tau"] and rep["table"]["x"]["4"]["loop_free"]["tau"] == pytest.approx(7 / 3)
 
 
+def test_records_of_other_settings_name_the_fields_that_differ(tmp_path):
+    """A records file written with other settings is refused in one short line naming the fields
+    that differ (dotted for nested ones, values shortened), not a dump of every setting."""
+    target = {"config_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "source_sha256": "c" * 64}
+    old = {
+        "target": target,
+        "drafter": "/somewhere/drafter",
+        "drafter_sha256": "d" * 16,
+        "block_sizes": [4, 8],
+        "max_new_tokens": 256,
+        "batch_size": 1,
+        "dtype": "float32",
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "prompts": {"gsm8k": "e" * 64, "mt-bench": "f" * 64},
+    }
+    new = {
+        **old,
+        "drafter": "/elsewhere/drafter",  # the folder is not a setting: a moved drafter resumes
+        "target": {**target, "tokenizer_sha256": "9" * 64},
+        "block_sizes": [16],
+        "temperature": 1.0,
+    }
+    records = tmp_path / "r.records.jsonl"
+    records.write_text(json.dumps({"settings": old, "settings_key": bench.settings_key(old)}) + "\n")
+    with pytest.raises(BenchError) as e:
+        bench.run([], None, None, {}, max_new_tokens=8, stop_ids=(), records=records, settings=new)
+    msg = str(e.value)
+    assert "(block_sizes: [4, 8] -> [16]; target.tokenizer_sha256: 'bbbbbbbbbbbbbbbbbbbb... -> " in msg
+    assert "; temperature: 0.0 -> 1.0); pass another --json-out" in msg
+    assert "drafter:" not in msg and "max_new_tokens" not in msg and "config_sha256" not in msg
+    assert len(msg) < 300 and "\n" not in msg
+    assert records.read_text().count("\n") == 1  # nothing written
+
+
 @pytest.fixture(scope="module")
 def bench_setup(tiny_models, tmp_path_factory):
     from dflash_jax import checkpoint

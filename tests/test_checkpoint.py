@@ -63,6 +63,37 @@ def test_missing_tensor_named_and_nothing_written(tiny_models, tmp_path):
     assert not list(tmp_path.glob(".out.dflash-jax-*"))
 
 
+def test_index_pointing_at_the_wrong_shard_says_so(tiny_models, tmp_path):
+    """A ``model.safetensors.index.json`` that maps a tensor to a shard that does not hold it (and so
+    leaves out the one that does) names the tensor, both files and the fix, not "missing"."""
+    from safetensors.numpy import load_file, save_file
+
+    _, hf_dir, _ = tiny_models["qwen2"]
+    bad = _copy(hf_dir, tmp_path / "hf")
+    weights = load_file(bad / "model.safetensors")
+    (bad / "model.safetensors").unlink()
+    moved = "model.layers.1.mlp.up_proj.weight"
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    save_file({moved: weights.pop(moved)}, bad / first)
+    save_file(weights, bad / second)
+    index = bad / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {name: second for name in [moved, *weights]}}))
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.convert_hf(bad, tmp_path / "out")
+    assert str(e.value) == (
+        f"{index} points tensor {moved} at the wrong file: {second} does not hold it, {first} does; "
+        "regenerate model.safetensors.index.json from the files (save_pretrained writes it)"
+    )
+    index.write_text(json.dumps({"weight_map": {name: second for name in weights}}))  # the tensor left out
+    with pytest.raises(CheckpointError, match=f"does not list tensor {moved}, which is in {first}; regenerate"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+    (bad / first).unlink()  # and held by no file at all: missing, and the index's entry named
+    index.write_text(json.dumps({"weight_map": {name: second for name in [moved, *weights]}}))
+    with pytest.raises(CheckpointError, match=f"tensor {moved} is missing: .* maps it to {second}, which does not"):
+        checkpoint.convert_hf(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_shape_mismatch_named(tiny_models, tmp_path):
     _, hf_dir, _ = tiny_models["qwen2"]
     bad = _copy(hf_dir, tmp_path / "hf")

@@ -53,7 +53,7 @@ def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_
     again = prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
     assert again["stats"] == meta["stats"] and not stale.exists()
     assert {f: (out / "shard_00000" / f).read_bytes() for f in data.FILES} == before
-    with pytest.raises(data.DataError, match="other prompts or settings"):
+    with pytest.raises(data.DataError, match=r"other settings \(max_new_tokens: 12 -> 13\); choose another --out"):
         prepare.prepare(ck, tok, items, out, max_new_tokens=13, batch_size=4, shard_size=4, progress=False)
     np.save(out / "shard_00001" / "offsets.npy", np.array([0, 5], np.int64))
     with pytest.raises(data.DataError, match="shard_00001"):
@@ -88,6 +88,24 @@ def test_prompt_formats_and_their_errors(tmp_path, target):
     long.write_text(json.dumps({"prompt": "t5"}) + "\n" + json.dumps({"prompt": " ".join(["t7"] * 600)}) + "\n")
     with pytest.raises(data.DataError, match="long.jsonl:2.*context"):
         prepare.prepare(ck, tok, prompts.read_prompts(long), tmp_path / "o", max_new_tokens=8, progress=False)
+
+
+def test_auto_reads_instruction_rows_as_alpaca_whatever_the_file_name(tmp_path):
+    """Rows with ``instruction`` + ``input`` in a file not named alpaca keep their input (``auto`` used
+    to fall back to ``plain`` by the name and drop it); rows of other fields are still read as plain."""
+    rows = [
+        {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+        {"instruction": "Name a colour.", "input": "", "output": "red"},
+        {"instruction": "Sum these.", "input": "  ", "output": "?"},
+    ]
+    tasks = tmp_path / "my_tasks.json"
+    tasks.write_text(json.dumps(rows))
+    auto = prompts.read_prompts(tasks)
+    assert auto == prompts.read_prompts(tasks, fmt="alpaca")
+    assert [p.text for p in auto] == ["Translate to French.\n\nGood morning", "Name a colour.", "Sum these."]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in [{"prompt": "t5", "input": "x"}, rows[0]]))
+    assert [p.text for p in prompts.read_prompts(mixed)] == ["t5", "Translate to French.\n\nGood morning"]
 
 
 def test_loop_detector():

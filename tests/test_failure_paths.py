@@ -135,18 +135,35 @@ def test_resume_refuses_data_remade_with_other_content(target, tmp_path):
         Trainer(_config(ck, folder, out, "train.steps=4", "ckpt.every=2"), log=lambda *_: None)
 
 
-def test_prepare_refuses_a_shard_made_with_other_settings(target, tmp_path):
+def test_prepare_refuses_a_folder_or_shard_made_with_other_settings_naming_them(target, tmp_path):
+    """A rerun with other settings is refused before anything is written, naming the folder (or the
+    shard) and each setting that differs, old -> new, with the fix."""
     ck, tok, _ = target
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"prompt": f"t{10 + i} t{20 + i}"}) + "\n" for i in range(8)))
     items = prompts.read_prompts(src)
     out = tmp_path / "d"
     prepare.prepare(ck, tok, items, out, max_new_tokens=6, batch_size=4, shard_size=4, progress=False)
+    with pytest.raises(DataError) as e:  # the folder's index says what it was made with
+        prepare.prepare(ck, tok, items, out, max_new_tokens=7, batch_size=4, shard_size=4, seed=1, progress=False)
+    assert str(e.value) == (
+        f"{out} holds data prepared with other settings (max_new_tokens: 6 -> 7; seed: 0 -> 1); "
+        "choose another --out, or rerun with the settings it was made with"
+    )
     (out / "meta.json").unlink()  # as if killed between the first shards and the index write
     shutil.rmtree(out / "shard_00001")
-    with pytest.raises(DataError, match="shard_00000 was made with other settings"):
+    with pytest.raises(DataError) as e:  # then the shard does
         prepare.prepare(ck, tok, items, out, max_new_tokens=7, batch_size=4, shard_size=4, progress=False)
+    assert str(e.value).startswith(
+        f"{out / 'shard_00000'} was made with other settings (max_new_tokens: 6 -> 7); choose another --out, "
+        "or rerun with the settings it was made with"
+    )
     assert not (out / "shard_00001").exists()  # nothing was written
+    meta = json.loads((out / "shard_00000" / "meta.json").read_text())
+    del meta["settings"]  # a shard written before shards recorded their settings: only the hash tells
+    (out / "shard_00000" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"shard_00000 was made with other settings \(it records their hash only"):
+        prepare.prepare(ck, tok, items, out, max_new_tokens=7, batch_size=4, shard_size=4, progress=False)
     again = prepare.prepare(ck, tok, items, out, max_new_tokens=6, batch_size=4, shard_size=4, progress=False)
     assert again["complete"] and set(again["content_sha256"]) == {"shard_00000", "shard_00001"}
 
