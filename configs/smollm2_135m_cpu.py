@@ -1,4 +1,4 @@
-"""The CPU recipe that made the shipped SmolLM2 drafter (assets/smollm2-135m-instruct-dflash).
+"""The CPU recipe that made the shipped SmolLM2 drafter (dflash_jax/assets/smollm2-135m-instruct-dflash).
 
 Sized for 2 CPU cores: 2 drafter layers reading target layers (1, 14, 27); 4 sequences of at
 most 384 tokens per step with 64 anchors each (the public recipe: 32 x 3072 with 512); block

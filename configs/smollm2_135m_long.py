@@ -22,7 +22,7 @@ from smollm2_135m_mix_copy2_dflash2 import get_config as recipe
 
 def get_config():
     c = recipe()
-    c.init_from = "assets/smollm2-135m-instruct-dflash"
+    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
     c.data_shards = 6
     c.out_dir = "runs/long1"
     c.train.steps = 1500

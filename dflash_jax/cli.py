@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--drafter",
         default="auto",
-        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped in assets/ "
+        help="drafter folder (dflash-jax checkpoint or released format), 'auto' (the drafter shipped in the package "
         "for this target; on a CPU beside prompt lookup at block 8; with none shipped, prompt lookup alone), "
         "'ngram' (prompt lookup alone), 'random' "
         "(freshly initialised, seeded) or 'none' (plain autoregressive decoding = block size 1)",
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["gsm8k"],
         choices=[*BENCH_DATASETS, "all"],
-        help="prompt sets (files in ../shared/data/eval or $DFLASH_JAX_EVAL_DATA; MBPP ids 11-510)",
+        help="prompt sets (shipped in the package, or the files in $DFLASH_JAX_EVAL_DATA if set; MBPP ids 11-510)",
     )
     b.add_argument(
         "--prompts-file",

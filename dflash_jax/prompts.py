@@ -4,12 +4,14 @@ Training: ``read_prompts`` reads GSM8K, Alpaca-style (``instruction`` + ``input`
 evaluation task ids 11-510 skipped) or plain ``{"prompt": ...}`` rows, as JSONL or a JSON list.
 Benchmarks: ``load_eval_prompts`` reads GSM8K, MATH-500, HumanEval, MBPP (ids 11-510 only) and
 MT-Bench, formatted as the reference DFlash benchmark does, so that acceptance lengths are
-comparable with published figures. Both read files through ``read_rows``.
+comparable with published figures; the five sets ship in the package (``PACKAGED_EVAL_DATA``).
+Both read files through ``read_rows``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 from pathlib import Path
@@ -117,6 +119,9 @@ DATASETS = {
     "mbpp": "mbpp_sanitized.json",
     "mt-bench": "mt_bench.jsonl",
 }
+# The five sets shipped in the package (unmodified public files, origins and licences in its LICENSES.md);
+# pip installs a wheel as plain files, so this is a real folder.
+PACKAGED_EVAL_DATA = Path(str(importlib.resources.files("dflash_jax") / "eval_sets"))
 HUMANEVAL_PREFIX = "Write a solution to the following problem and make sure that it passes the tests:"
 
 
@@ -130,32 +135,21 @@ class EvalPrompt:
 
 
 def eval_data_dir() -> Path:
-    """Folder of the evaluation prompt files: ``$DFLASH_JAX_EVAL_DATA``, else ``../shared/data/eval``
-    next to the working directory or next to this repository.
+    """Folder of the evaluation prompt files: ``$DFLASH_JAX_EVAL_DATA`` if set, else the copies shipped
+    in the package (``PACKAGED_EVAL_DATA``; origins and licences in its ``LICENSES.md``).
 
     Raises:
-      BenchError: none of them exists.
+      BenchError: the folder does not exist.
     """
     env = os.environ.get("DFLASH_JAX_EVAL_DATA")
-    candidates = (
-        [Path(env)]
-        if env
-        else list(
-            dict.fromkeys(
-                [
-                    Path.cwd().resolve().parent / "shared/data/eval",
-                    Path(__file__).resolve().parents[2] / "shared/data/eval",
-                ]
-            )
+    folder = Path(env) if env else PACKAGED_EVAL_DATA
+    if not folder.is_dir():
+        raise BenchError(
+            f"no evaluation data folder {folder}: "
+            + ("point DFLASH_JAX_EVAL_DATA at the folder with gsm8k_test.jsonl etc." if env else "reinstall dflash-jax")
+            + ", or pass --prompts-file"
         )
-    )
-    for c in candidates:
-        if c.is_dir():
-            return c
-    raise BenchError(
-        f"no evaluation data folder (looked in {', '.join(map(str, candidates))}): set "
-        "DFLASH_JAX_EVAL_DATA to the folder with gsm8k_test.jsonl etc., or pass --prompts-file"
-    )
+    return folder
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
@@ -193,7 +187,14 @@ def load_eval_prompts(
     if path is None:
         if dataset == "custom":
             raise BenchError("dataset 'custom' needs a prompts file")
-        path = eval_data_dir() / DATASETS[dataset]
+        folder = eval_data_dir()
+        path = folder / DATASETS[dataset]
+        if not path.is_file():
+            env = "unset DFLASH_JAX_EVAL_DATA for the shipped copy, " if os.environ.get("DFLASH_JAX_EVAL_DATA") else ""
+            raise BenchError(
+                f"prompt file {path} not found: put {path.name} (the {dataset} set, see "
+                f"{PACKAGED_EVAL_DATA / 'LICENSES.md'}) in {folder}, {env}or pass --prompts-file"
+            )
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"prompt file {path} not found")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def prompts(n: int) -> list[str]:
-    path = ROOT.parent / "shared" / "data" / "eval" / "gsm8k_test.jsonl"
+    path = ROOT / "dflash_jax" / "eval_sets" / "gsm8k_test.jsonl"  # shipped with the package
     rows = [json.loads(line) for line in open(path)][:n]
     return [r["question"] + "\nPlease reason step by step, and put your final answer within \\boxed{}." for r in rows]
 

@@ -1,6 +1,6 @@
 """Read a mask-token DFlash drafter as an n-gram-input drafter with a copy bias: no training.
 
-    .venv/bin/python launch/copy_drafter.py assets/smollm2-135m-instruct-dflash runs/copy30 \\
+    .venv/bin/python launch/copy_drafter.py dflash_jax/assets/smollm2-135m-instruct-dflash runs/copy30 \\
         --copy-bias 30 --ngram-min 2
 
 The weights stay as they are; the drafter's config changes to ``block_input="ngram"`` (offsets

@@ -13,7 +13,8 @@ that drafter's draft vocabulary (``draft_vocab.json``, read by
 ``dflash-jax generate`` / ``bench`` / ``demo``; ``--draft-vocab N`` takes its first N).
 
     .venv/bin/python launch/draft_vocab.py data/smollm2-mix --sizes 2048 4096 8192 16384
-    .venv/bin/python launch/draft_vocab.py data/smollm2-mix --write assets/smollm2-135m-instruct-dflash --size 16384
+    .venv/bin/python launch/draft_vocab.py data/smollm2-mix --write dflash_jax/assets/smollm2-135m-instruct-dflash \\
+        --size 16384
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ after two warm-up calls. With ``--draft-vocab N ...`` one more draft column per 
 the head over the first N tokens of the drafter's stored draft vocabulary (``draft_vocab.json``).
 
     .venv/bin/python launch/profile_round.py
-    .venv/bin/python launch/profile_round.py --drafter assets/smollm2-135m-instruct-dflash --draft-vocab 16384 8192 4096
+    .venv/bin/python launch/profile_round.py --drafter dflash_jax/assets/smollm2-135m-instruct-dflash \\
+        --draft-vocab 16384 8192 4096
 """
 
 import sys

@@ -62,7 +62,7 @@ def main() -> None:
     tok = ck.tokenizer()
     drafter_dir = Path(args.drafter) if args.drafter else hub.shipped_drafter(ck.identity)
     if drafter_dir is None:
-        sys.exit("error: no shipped drafter for SmolLM2 in assets/: pass --drafter (released format)")
+        sys.exit("error: no shipped drafter for SmolLM2 in dflash_jax/assets/: pass --drafter (released format)")
     drafter = load(str(drafter_dir), ck, tok)
     block = args.block_size or drafter.cfg.block_size
     ours_spec = Decoder(

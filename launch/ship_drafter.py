@@ -1,6 +1,6 @@
-"""Ship a trained drafter into ``assets/``: released format (bfloat16) + its training record.
+"""Ship a trained drafter into ``dflash_jax/assets/`` (package data): released format (bfloat16) + its training record.
 
-    .venv/bin/python launch/ship_drafter.py runs/smollm2_v1 --out assets/smollm2-135m-instruct-dflash \\
+    .venv/bin/python launch/ship_drafter.py runs/smollm2_v1 --out dflash_jax/assets/smollm2-135m-instruct-dflash \\
         --command "dflash-jax train --config configs/smollm2_135m.py ..."
 
 Writes, atomically (the old folder is replaced only once the new one is complete):
@@ -62,7 +62,7 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="training run folder (out_dir)")
-    ap.add_argument("--out", default="assets/smollm2-135m-instruct-dflash")
+    ap.add_argument("--out", default="dflash_jax/assets/smollm2-135m-instruct-dflash")
     ap.add_argument("--which", default="best", choices=["best", "drafter"], help="lowest validation loss, or final")
     ap.add_argument("--data-command", default="", help="the prepare-data command that made the run's data")
     ap.add_argument("--command", default="", help="the train command(s) that made the run")

@@ -79,7 +79,9 @@ def eval_prompts(n: int, dataset: str = "gsm8k") -> list[str]:
     """First ``n`` real prompts of an evaluation set, in the reference benchmark's format."""
     import json
 
-    rows = [json.loads(line) for line in open(SHARED / "data" / "eval" / f"{dataset}_test.jsonl")]
+    from dflash_jax.prompts import PACKAGED_EVAL_DATA
+
+    rows = [json.loads(line) for line in open(PACKAGED_EVAL_DATA / f"{dataset}_test.jsonl")]
     key = {"gsm8k": "question", "math500": "problem"}[dataset]
     suffix = "\nPlease reason step by step, and put your final answer within \\boxed{}."
     return [r[key] + suffix for r in rows[:n]]

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED
 
 from dflash_jax import bench
 from dflash_jax.bench import summarise
 from dflash_jax.errors import BenchError
-from dflash_jax.prompts import DATASETS, GSM8K_SUFFIX, load_eval_prompts
+from dflash_jax.prompts import DATASETS, GSM8K_SUFFIX, PACKAGED_EVAL_DATA, eval_data_dir, load_eval_prompts
 
 
 def _write(path, rows, as_list=False):
@@ -55,11 +54,25 @@ def test_bad_prompt_files_name_file_and_line(tmp_path):
         load_eval_prompts("gsm8k", tmp_path / "missing.jsonl")
 
 
-@pytest.mark.skipif(not (SHARED / "data" / "eval").is_dir(), reason="shared eval data not present")
 def test_the_real_sets_load(monkeypatch):
-    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(SHARED / "data" / "eval"))
+    monkeypatch.delenv("DFLASH_JAX_EVAL_DATA", raising=False)  # the copies shipped in the package
+    assert eval_data_dir() == PACKAGED_EVAL_DATA
     sizes = {d: len(load_eval_prompts(d)) for d in DATASETS}
     assert sizes == {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
+
+
+def test_eval_data_env_comes_first_and_a_missing_set_says_where_it_goes(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(tmp_path))
+    _write(tmp_path / "gsm8k_test.jsonl", [{"question": "Q?"}])
+    assert eval_data_dir() == tmp_path and len(load_eval_prompts("gsm8k")) == 1
+    with pytest.raises(BenchError) as e:
+        load_eval_prompts("mt-bench")
+    msg = str(e.value)
+    assert "\n" not in msg and "put mt_bench.jsonl (the mt-bench set" in msg and f"in {tmp_path}," in msg
+    assert "unset DFLASH_JAX_EVAL_DATA" in msg and "--prompts-file" in msg
+    monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(BenchError, match="no evaluation data folder .*nowhere: point DFLASH_JAX_EVAL_DATA"):
+        load_eval_prompts("gsm8k")
 
 
 def _rec(acc, plain_s, spec_s, tokens, loops=False):

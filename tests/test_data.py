@@ -69,13 +69,9 @@ def test_prompt_formats_and_their_errors(tmp_path, target):
     assert gsm[0].text.endswith(prompts.GSM8K_SUFFIX) and gsm[0].where.endswith("gsm8k_train.jsonl:1")
     alp = prompts.read_prompts(SHARED / "data" / "train" / "alpaca_en_1k.json", limit=50)
     assert all(p.text.strip() for p in alp) and any("\n\n" in p.text for p in alp)  # instruction + input
-    mbpp = prompts.read_prompts(SHARED / "data" / "eval" / "mbpp_sanitized.json")
-    ids = [
-        json.loads((SHARED / "data" / "eval" / "mbpp_sanitized.json").read_text())[int(p.where.rsplit(":", 1)[1]) - 1][
-            "task_id"
-        ]
-        for p in mbpp
-    ]
+    mbpp_file = prompts.PACKAGED_EVAL_DATA / "mbpp_sanitized.json"
+    mbpp = prompts.read_prompts(mbpp_file)
+    ids = [json.loads(mbpp_file.read_text())[int(p.where.rsplit(":", 1)[1]) - 1]["task_id"] for p in mbpp]
     assert mbpp and not any(11 <= i <= 510 for i in ids)  # never the evaluation split
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "t5"}\n{"text": "t6"}\n')

@@ -106,12 +106,12 @@ def test_speculative_equals_plain_on_real_prompts(smollm2):
 
 
 def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkeypatch):
-    """The drafter in assets/ is what --drafter auto picks for SmolLM2; the reference dflash==0.1.0
-    loads the same files (``DFlashDraftModel``, or ``DFlash2DraftModel`` for a DFlash 2 drafter) and
-    gives the same tokens and per-round acceptance lengths when both draft from mask tokens (a drafter
-    whose block input is the prompt-lookup continuation is a dflash-jax extension the reference does
-    not read; nor does it read a draft vocabulary); speculative output, as shipped (draft vocabulary
-    and all), follows the floating-point rule against plain decoding."""
+    """The drafter shipped in the package (dflash_jax/assets) is what --drafter auto picks for SmolLM2;
+    the reference dflash==0.1.0 loads the same files (``DFlashDraftModel``, or ``DFlash2DraftModel``
+    for a DFlash 2 drafter) and gives the same tokens and per-round acceptance lengths when both draft
+    from mask tokens (a drafter whose block input is the prompt-lookup continuation is a dflash-jax
+    extension the reference does not read; nor does it read a draft vocabulary); speculative output,
+    as shipped (draft vocabulary and all), follows the floating-point rule against plain decoding."""
     import dataclasses
     import time
 
