@@ -62,5 +62,6 @@ bench-decode: $(STAMP)
 bench-train: $(STAMP)
 	$(PY) launch/bench_train.py --out docs/bench_train.json
 
+# compiled executables, and the verify costs timed on this machine (timed afresh on the next run)
 clean-cache:
-	rm -rf $(DFLASH_JAX_HOME)/jax_cache
+	rm -rf $(DFLASH_JAX_HOME)/jax_cache $(DFLASH_JAX_HOME)/verify_costs.json

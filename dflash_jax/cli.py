@@ -104,7 +104,7 @@ def _add_speculation(p) -> None:
 def _check_speculation(args) -> None:
     """The drafting flags' checks that need no model (``speculation.check_request``), made before one loads."""
     try:
-        speculation.check_request(args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths)
+        speculation.check_request(args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths, args.draft_vocab)
     except (ValueError, DFlashError) as e:
         sys.exit(f"error: {e}")
 

@@ -35,6 +35,9 @@ own ``start``, stops on its own, and records its own per-round acceptance length
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import platform
 import queue
 import threading
 import time
@@ -51,6 +54,7 @@ from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.sharding import axis_rules
 from dflash_jax.speculation import Plan
 from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache, pad_pending
+from dflash_jax.utils import atomic_write_text, home, json_sha256
 
 Array = jax.Array
 
@@ -363,6 +367,28 @@ def decode_loop(
     return jax.lax.while_loop(cond, round_, state)
 
 
+# Verify costs measured on this machine, kept across processes (``Decoder.measure_verify_costs``).
+VERIFY_COSTS_FILE = "verify_costs.json"
+
+
+def read_verify_costs() -> dict[str, list[float]]:
+    """The verify costs kept in the cache folder, by ``Decoder.cost_key`` ({} if none or unreadable)."""
+    try:
+        stored = json.loads((home() / VERIFY_COSTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def write_verify_costs(key: str, costs: Sequence[float]) -> None:
+    """Keep ``costs`` under ``key`` in the cache folder (atomic; a failed write only loses the cache)."""
+    try:
+        home().mkdir(parents=True, exist_ok=True)
+        atomic_write_text(home() / VERIFY_COSTS_FILE, json.dumps({**read_verify_costs(), key: list(costs)}))
+    except OSError:
+        pass
+
+
 @dataclasses.dataclass
 class GenerationResult:
     """One sequence's output. ``token_ids`` are the new tokens only (stop token included)."""
@@ -441,8 +467,10 @@ class Decoder:
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
-        each of ``verify_lengths``, in units of the shortest; measured once per shape and kept (and
-        never part of what is compiled: ``costs_for``).
+        each of ``verify_lengths``, in units of the shortest; measured once per machine and shape and
+        kept, in this object and in the cache folder (``VERIFY_COSTS_FILE`` under ``utils.home()``,
+        keyed by ``cost_key``: the next process reads them instead of timing again), and never part
+        of what is compiled (``costs_for``). Delete the file (``make clean-cache``) to time afresh.
 
         Timed as the loop runs it: one compiled ``lax.switch`` over the lengths (``verify_block``,
         outputs padded to the block), then the commit; the lengths take turns, ``repeats`` passes
@@ -451,6 +479,10 @@ class Decoder:
         alike."""
         key = (batch, cache_len)
         if key in self._measured:
+            return self._measured[key]
+        stored = read_verify_costs().get(self.cost_key(batch, cache_len))
+        if stored is not None and len(stored) == len(self.verify_lengths):
+            self._measured[key] = tuple(float(c) for c in stored)
             return self._measured[key]
         taps = self.drafter.tap_layers if self.drafter is not None else ()
         kw = dict(cfg=self.cfg, taps=taps, sampling=self.sampling)
@@ -474,7 +506,23 @@ class Decoder:
         for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
             costs[i] = max(costs[i], costs[i - 1])
         self._measured[key] = tuple(costs)
+        write_verify_costs(self.cost_key(batch, cache_len), self._measured[key])
         return self._measured[key]
+
+    def cost_key(self, batch: int, cache_len: int) -> str:
+        """What a verify's measured cost depends on, as one string: the machine (backend, device kind,
+        processor, CPU count), the target's config, the taps, the sampling mode, the shape and the
+        verify lengths."""
+        device = jax.devices()[0]
+        machine = (
+            jax.default_backend(),
+            device.device_kind,
+            platform.processor() or platform.machine(),
+            os.cpu_count(),
+        )
+        taps = self.drafter.tap_layers if self.drafter is not None else ()
+        what = (machine, repr(self.cfg), taps, self.sampling.greedy, batch, cache_len, self.verify_lengths)
+        return json_sha256(what, 32)
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
         """AOT-compile prefill and loop for ``shape``; returns (prefill, loop, seconds spent).

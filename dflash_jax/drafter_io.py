@@ -247,6 +247,12 @@ def stored_draft_vocab(folder: str | Path, vocab_size: int | None) -> dict | Non
     return raw
 
 
+def check_draft_vocab_size(draft_vocab: int | None) -> None:
+    """Raise ``ConfigError`` unless ``draft_vocab`` is None or a whole number of tokens >= 0."""
+    if draft_vocab is not None and (type(draft_vocab) is not int or draft_vocab < 0):
+        raise ConfigError(f"--draft-vocab takes a number of tokens >= 0 (0: the whole vocabulary); got {draft_vocab!r}")
+
+
 def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):
     """The ``(params, DrafterConfig)`` that ``--drafter spec`` names for target ``ck``, or None.
 
@@ -265,8 +271,7 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         asks for more tokens than stored (or for any with a random drafter).
       CheckpointError: not a drafter folder, or a damaged one.
     """
-    if draft_vocab is not None and (type(draft_vocab) is not int or draft_vocab < 0):
-        raise ConfigError(f"draft_vocab takes a number of tokens >= 0 (0: the whole vocabulary); got {draft_vocab!r}")
+    check_draft_vocab_size(draft_vocab)
     spec = resolve_drafter(spec, ck)
     if spec == "none":
         return None

@@ -30,7 +30,7 @@ import numpy as np
 
 from dflash_jax.checkpoint import TargetCheckpoint
 from dflash_jax.drafter import DRAFT_VOCAB, DrafterConfig, DraftStep
-from dflash_jax.drafter_io import drafter_for, resolve_drafter
+from dflash_jax.drafter_io import check_draft_vocab_size, drafter_for, resolve_drafter
 from dflash_jax.errors import ConfigError
 from dflash_jax.ngram import HybridStep, NgramStep
 
@@ -101,7 +101,7 @@ def parse_verify_lengths(value: str | Sequence[int] | None) -> str | tuple[int, 
     except (TypeError, ValueError):
         lengths = ()
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"verify lengths take auto, full or positive numbers such as 1,4,16; got {value!r}")
+        raise ValueError(f"--verify-lengths takes auto, full or positive numbers such as 1,4,16; got {value!r}")
     return lengths
 
 
@@ -203,20 +203,24 @@ def check_drafter_name(spec: str) -> None:
         raise ConfigError(f"--drafter {spec} does not exist (give a drafter folder or one of {names})")
 
 
-def check_request(drafter, ngram_max: int = 4, ngram_min: int = 1, verify_lengths=None) -> None:
+def check_request(
+    drafter, ngram_max: int = 4, ngram_min: int = 1, verify_lengths=None, draft_vocab: int | None = None
+) -> None:
     """The checks of what a user asks that need no model (``plan_for`` makes them too; a CLI makes
     them before loading one): the drafter's name (``check_drafter_name``; a loaded ``Drafter``
-    passes), the n-gram lengths (``NgramStep``) and the verify lengths' form
-    (``parse_verify_lengths``).
+    passes), the n-gram lengths (``NgramStep``), the verify lengths' form
+    (``parse_verify_lengths``) and the draft vocabulary's size
+    (``drafter_io.check_draft_vocab_size``).
 
     Raises:
-      ConfigError: an unknown drafter name or a missing folder.
+      ConfigError: an unknown drafter name or a missing folder; a negative draft vocabulary.
       ValueError: bad n-gram or verify lengths.
     """
     if isinstance(drafter, str):
         check_drafter_name(drafter)
     NgramStep(ngram_max, ngram_min)
     parse_verify_lengths(verify_lengths)
+    check_draft_vocab_size(draft_vocab)
 
 
 def load(spec: str, ck: TargetCheckpoint, tok, *, seed: int = 0, draft_vocab: int | None = None) -> Drafter | str:
@@ -280,7 +284,7 @@ def plan_for(
         drafter.
       ConfigError, CheckpointError: as ``load``.
     """
-    check_request(drafter, ngram_max, ngram_min, verify_lengths)
+    check_request(drafter, ngram_max, ngram_min, verify_lengths, draft_vocab)
     ngram = NgramStep(ngram_max, ngram_min, confidence=ngram_confidence(ngram_max))
     loaded = load(drafter, ck, tok, seed=seed, draft_vocab=draft_vocab) if isinstance(drafter, str) else drafter
     if loaded == "none" and drafter == "auto" and prompt_lookup:  # nothing shipped: prompt lookup alone
@@ -299,11 +303,11 @@ def plan_for(
     if loaded == "ngram":
         return make_plan(ngram, label="prompt lookup alone", **settings)
     alone = DraftStep(loaded.cfg, ck.cfg)
+    reads = loaded.cfg.block_input == "ngram"  # its block input is the prompt-lookup continuation
+    label = f"{loaded.label} {'reading prompt lookup' if reads else 'alone'}"
     auto_on_cpu = loaded.shipped and (backend or jax.default_backend()) == "cpu"
-    if not prompt_lookup:
-        return make_plan(alone, loaded.params, label=f"{loaded.label} alone", **settings)
-    if loaded.cfg.block_input == "ngram" and not auto_on_cpu:  # it reads the prompt-lookup continuation itself
-        return make_plan(alone, loaded.params, label=f"{loaded.label} reading prompt lookup", **settings)
+    if not prompt_lookup or (reads and not auto_on_cpu):
+        return make_plan(alone, loaded.params, label=label, **settings)
     ngram = dataclasses.replace(ngram, block_size=loaded.cfg.block_size)
     default = min(CPU_BLOCK_SIZE, loaded.cfg.block_size) if auto_on_cpu else None
     hybrid = HybridStep(alone, ngram, min(2, ngram_max), default)

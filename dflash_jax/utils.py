@@ -105,7 +105,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary sibling and one rename: a reader (or a kill)
     sees the old file or the new one, never a cut one."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never mix
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 

@@ -126,7 +126,10 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
         assert max(a for r in got_full for a in r.acceptance_lengths) > 2
 
 
-def test_verify_lengths_are_checked(target):  # noqa: F811
+def test_verify_lengths_are_checked(target, tmp_path, monkeypatch):  # noqa: F811
+    from dflash_jax import decode
+
+    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path))  # the measured costs are kept here
     ck, _ = target
     with pytest.raises(ValueError, match=r"must lie in \[1, block size 8\]"):
         Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths=(1, 9)))
@@ -140,6 +143,13 @@ def test_verify_lengths_are_checked(target):  # noqa: F811
     costs = auto.costs_for(shape).tolist()
     assert costs[0] == 1.0 and costs == sorted(costs) and len(costs) == len(auto.verify_lengths)
     assert "verify_costs" not in repr(shape) and auto.costs_for(shape).tolist() == costs  # kept per shape
+    # ... and per machine: another Decoder (another process) reads them instead of timing again
+    kept = decode.read_verify_costs()
+    assert list(kept.values()) == [costs] and list(kept) == [auto.cost_key(shape.batch, shape.cache_len)]
+    again = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths="auto"))
+    monkeypatch.setattr(decode, "init_cache", lambda *a: pytest.fail("the costs were timed again"))
+    assert again.costs_for(shape).tolist() == costs
+    assert again.cost_key(shape.batch, 512) != again.cost_key(shape.batch, shape.cache_len)  # another shape
 
 
 def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
