@@ -278,7 +278,7 @@ def read_safetensors(
     and the names present in the files that ``names`` does not map and ``ignore`` does not excuse,
     for the caller to refuse or warn about. ``expected``: a pytree of shapes or ``ShapeDtypeStruct``
     (our orientation) each tensor must have. A model's own module says what its tensors are called
-    (``target.hf_param_names``, ``drafter.released_names``); this is the one reader of them.
+    (``target.hf_param_names``, ``dflash_format.param_names``); this is the one reader of them.
 
     Raises:
       CheckpointError: an unreadable or cut file, a non-float tensor, a tensor of the wrong shape
