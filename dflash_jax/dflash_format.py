@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from dflash_jax import hf_format
 from dflash_jax.drafter import DrafterConfig, default_target_layer_ids
 from dflash_jax.errors import ConfigError
-from dflash_jax.target import TargetConfig
 
 
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
     """Read a released DFlash drafter ``config.json`` (``dflash_config`` wins over top-level keys).
 
-    The shape and RoPE fields are read as a Qwen3 config (``TargetConfig.from_hf``), as the
+    The shape and RoPE fields are read as a Qwen3 config (``hf_format.read_config``), as the
     reference builds its layers.
 
     Raises:
@@ -59,7 +59,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
     n = number("num_hidden_layers", top_only=True)
     for name in ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads"):
         number(name, top_only=True)  # a clear error before the config is read further
-    rope = TargetConfig.from_hf(
+    rope = hf_format.read_config(
         {**hf, "model_type": "qwen3", "use_sliding_window": False, "layer_types": None, "num_hidden_layers": n}
     )
     if rope.yarn is not None:  # the drafter's attention implements plain and Llama 3 RoPE only

@@ -439,7 +439,7 @@ def test_unsupported_architecture_folder_is_one_line_listing_the_supported(tiny_
     every family we read."""
     import shutil
 
-    from dflash_jax.target import SUPPORTED_FAMILIES
+    from dflash_jax.hf_format import SUPPORTED_FAMILIES
 
     _, hf_dir, _ = tiny_models["qwen2"]
     folder = tmp_path / "mistral"
