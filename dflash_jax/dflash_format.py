@@ -15,15 +15,20 @@ from dflash_jax import hf_format
 from dflash_jax.drafter import DrafterConfig, default_target_layer_ids
 from dflash_jax.errors import ConfigError
 
+# The drafter classes a released config.json may name in ``architectures`` (dflash==0.1.0's): DFlash, DFlash 2
+ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
+
 
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
     """Read a released DFlash drafter ``config.json`` (``dflash_config`` wins over top-level keys).
 
-    The shape and RoPE fields are read as a Qwen3 config (``hf_format.read_config``), as the
-    reference builds its layers.
+    ``architectures`` says which drafter it is: ``DFlash2DraftModel`` a DFlash 2 drafter,
+    ``DFlashDraftModel`` (or no ``architectures`` at all) a DFlash one. The shape and RoPE fields
+    are read as a Qwen3 config (``hf_format.read_config``), as the reference builds its layers.
 
     Raises:
-      ConfigError: a required field missing (``num_target_layers``, ``mask_token_id``,
+      ConfigError: an ``architectures`` entry other than those of ``ARCHITECTURES`` (named, with
+        the known ones); a required field missing (``num_target_layers``, ``mask_token_id``,
         ``num_hidden_layers``, a DFlash 2 drafter's ``conv_kernel_size``, ...), a field of the
         wrong type, top-level and ``dflash_config`` block sizes that disagree, or an unsupported
         setting; one line naming the field.
@@ -31,8 +36,15 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
     dcfg = hf.get("dflash_config") or {}
     if not isinstance(dcfg, dict):
         raise ConfigError("drafter config.json: dflash_config must be an object")
-    arch = hf.get("architectures") or []
-    dflash2 = any("DFlash2" in str(a) for a in arch)
+    arch = hf.get("architectures") or []  # none: a DFlash drafter
+    arch = arch if isinstance(arch, list) else [arch]
+    unknown = [a for a in arch if a not in ARCHITECTURES]
+    if unknown:
+        raise ConfigError(
+            f"drafter config.json: architectures {unknown[0]!r} is not a released DFlash drafter; "
+            f"known: {', '.join(ARCHITECTURES)}"
+        )
+    dflash2 = "DFlash2DraftModel" in arch
 
     def get(name, default=None):
         return dcfg.get(name, hf.get(name, default))

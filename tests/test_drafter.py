@@ -124,6 +124,28 @@ def test_released_drafter_with_yarn_rope_is_refused():
         dflash_format.read_config({**released, "rope_scaling": yarn})
 
 
+def test_a_released_config_of_another_architecture_is_refused_by_name():
+    """``architectures`` says which drafter a released ``config.json`` is: an entry other than
+    DFlash's and DFlash 2's is refused in one line that names it and the known ones (it was read as
+    DFlash, and failed later on missing tensors); a config without ``architectures`` reads as DFlash."""
+    from dflash_jax.errors import ConfigError
+
+    cfg = DrafterConfig.for_target(TARGET, num_layers=1, block_size=4, mask_token_id=3)
+    released = dflash_format.config_json(cfg)
+    for arch in (["Qwen3ForCausalLM"], ["DFlashDraftModel", "EagleDraftModel"], "LlamaForCausalLM", 3):
+        unknown = arch[-1] if isinstance(arch, list) else arch
+        with pytest.raises(ConfigError) as e:
+            dflash_format.read_config({**released, "architectures": arch})
+        assert str(e.value) == (
+            f"drafter config.json: architectures {unknown!r} is not a released DFlash drafter; "
+            "known: DFlashDraftModel, DFlash2DraftModel"
+        )
+    without = {k: v for k, v in released.items() if k != "architectures"}
+    for missing in ({}, {"architectures": None}, {"architectures": []}):
+        assert dflash_format.read_config({**without, **missing}) == cfg
+    assert dflash_format.read_config({**released, "architectures": "DFlashDraftModel"}) == cfg
+
+
 def test_ngram_block_input_survives_the_released_format(tmp_path):
     """``block_input="ngram"`` and its n-gram lengths are written to ``dflash_config`` and read back;
     a mask-token drafter's config has no such keys; the reference still loads the folder."""

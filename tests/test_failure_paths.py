@@ -314,6 +314,7 @@ def test_bad_drafter_folders_are_one_line_errors(target, tmp_path, capsys):
         ({"block_size": "abc"}, "block_size"),
         ({"hidden_size": 1.5}, "hidden_size"),
         ({"architectures": ["DFlash2DraftModel"]}, "conv_kernel_size"),  # a DFlash 2 label without its fields
+        ({"architectures": ["Qwen3ForCausalLM"]}, "architectures"),  # not a DFlash drafter: refused by name
     ):
         bad = _copy(rel, tmp_path / f"bad-{field.replace(' ', '')}")
         raw = json.loads((bad / "config.json").read_text())
