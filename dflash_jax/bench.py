@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from dflash_jax import dflash_format
 from dflash_jax.errors import BenchError
 from dflash_jax.prompts import EvalPrompt
 from dflash_jax.tokens import chat_ids, loops
@@ -156,7 +157,8 @@ def drafter_fingerprint(params, cfg) -> str:
     """sha256 (hex, 16 digits) of a drafter's configuration and weights: what bench records depend
     on, whatever folder the drafter was loaded from (a re-shipped drafter at the same path gets a
     new fingerprint, so its records are never mixed with the old one's)."""
-    h = hashlib.sha256(json.dumps(cfg.to_released(), sort_keys=True).encode())  # then the weights, leaf by leaf
+    config = json.dumps(dflash_format.config_json(cfg), sort_keys=True)
+    h = hashlib.sha256(config.encode())  # then the weights, leaf by leaf
     for leaf in jax.tree.leaves(params):
         a = np.asarray(leaf)
         h.update(f"{a.dtype}{a.shape}".encode())

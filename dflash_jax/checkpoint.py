@@ -27,10 +27,10 @@ from typing import Any
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from dflash_jax import hub
+from dflash_jax import hf_format, hub
 from dflash_jax.errors import CheckpointError
 from dflash_jax.sharding import placed
-from dflash_jax.target import HYBRID_FAMILIES, TargetConfig, hf_param_names, param_logical_specs, param_shapes
+from dflash_jax.target import TargetConfig, param_logical_specs, param_shapes
 from dflash_jax.utils import (
     META_FILE,
     atomic_folder,
@@ -164,11 +164,12 @@ def _check_index_holds(hf_dir: Path, files: list[Path], name: str) -> None:
 def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     """Read HF safetensors into our parameter pytree (numpy float32).
 
-    Every tensor in the files must be one the config describes: an extra layer's weights, say,
-    would silently give another model. Two exceptions: rotary ``inv_freq`` buffers (derived from
-    the config, saved by old transformers versions) are skipped, and an ``lm_head.weight`` in a
-    folder whose config ties the embeddings is ignored with a warning (the tied head is the
-    embedding, as transformers itself loads it).
+    Every tensor in the files must be one the config describes (``hf_format.param_names``): an
+    extra layer's weights, say, would silently give another model. Two exceptions: tensors that
+    are not the target's (``hf_format.is_extra``: rotary ``inv_freq`` buffers, Qwen3.5's vision
+    tower and multi-token-prediction head) are skipped, and an ``lm_head.weight`` in a folder whose
+    config ties the embeddings is ignored with a warning (the tied head is the embedding, as
+    transformers itself loads it).
 
     Raises:
       CheckpointError: a weight file or tensor is missing or unreadable, a tensor has the wrong
@@ -179,16 +180,11 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     tied_head = cfg.tie_word_embeddings and "lm_head.weight"
     files = _safetensors_files(hf_dir)
     present = {name for p in files for name in safetensors_names(p)}
-    fused = cfg.family in ("qwen3_moe", "qwen3_5_moe") and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
-    multimodal = cfg.family in HYBRID_FAMILIES and any(n.startswith("model.language_model.") for n in present)
-    prefix = "model.language_model." if multimodal else "model."
 
     def ignore(name: str) -> bool:
-        # Qwen3.5: the vision tower and the multi-token-prediction head are not part of the target
-        skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
-        return skipped or name.endswith("rotary_emb.inv_freq") or name == tied_head
+        return hf_format.is_extra(cfg, name) or name == tied_head
 
-    names = hf_param_names(cfg, fused_experts=fused, prefix=prefix)
+    names = hf_format.param_names(cfg, present)
     missing = sorted(set(names) - present)
     if missing:  # a wrong index says so (else read_safetensors names the missing tensor)
         _check_index_holds(hf_dir, files, missing[0])
@@ -235,7 +231,7 @@ def convert_hf(
     hf_config = read_json(hf_dir / "config.json")
     if not isinstance(hf_config, dict):
         raise CheckpointError(f"{hf_dir / 'config.json'} is not a JSON object")
-    cfg = TargetConfig.from_hf(hf_config)
+    cfg = hf_format.read_config(hf_config)
     params = load_hf_params(hf_dir, cfg)
     if not any((hf_dir / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise CheckpointError(f"no tokenizer files (tokenizer.json, tokenizer.model or vocab.json) in {hf_dir}")
@@ -430,7 +426,7 @@ def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) 
     meta = read_json(meta_path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{meta_path} has format {meta.get('format')!r}, expected {FORMAT!r}")
-    cfg = TargetConfig.from_hf(read_json(path / "config.json"), dtype=dtype)
+    cfg = hf_format.read_config(read_json(path / "config.json"), dtype=dtype)
     if meta["identity"]["config_sha256"] != config_hash(cfg):
         raise CheckpointError(
             f"{path}/config.json does not match the hash recorded in {META_FILE}: edited after conversion?"

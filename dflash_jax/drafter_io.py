@@ -5,7 +5,7 @@ PyTorch ``Linear`` weights ``[out, in]`` under ``layers.{i}.self_attn.{q,k,v,o}_
 ``layers.{i}.self_attn.{q,k}_norm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
 ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``, ``fc.weight``,
 ``hidden_norm.weight``. Our parameter pytree uses the same names with ``layers_{i}`` and
-``[in, out]`` kernels, so the mapping (``drafter.released_names``) is a rename plus a transpose.
+``[in, out]`` kernels, so the mapping (``dflash_format.param_names``) is a rename plus a transpose.
 
 ``drafter_for`` loads what a user passes as ``--drafter`` (a folder, ``auto``, ``random``,
 ``none``), checked against the target; ``speculation.load`` and ``plan_for`` build on it.
@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from safetensors.numpy import save_file
 
-from dflash_jax import hub
+from dflash_jax import dflash_format, hub
 from dflash_jax.checkpoint import TargetCheckpoint, restore_params
 from dflash_jax.drafter import (
     DrafterConfig,
@@ -30,7 +30,6 @@ from dflash_jax.drafter import (
     check_fits,
     drafter_param_shapes,
     init_drafter_params,
-    released_names,
     with_draft_vocab,
 )
 from dflash_jax.errors import CheckpointError, ConfigError
@@ -56,7 +55,7 @@ def export_released(
     atomic write."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[dtype]
     tensors = {}
-    for name, (path, transpose) in released_names(cfg).items():
+    for name, (path, transpose) in dflash_format.param_names(cfg).items():
         x = params
         for k in path:
             x = x[k]
@@ -64,7 +63,7 @@ def export_released(
         tensors[name] = np.ascontiguousarray(x.T if transpose else x).astype(np_dtype)
     with atomic_folder(Path(out), overwrite, kind="released-drafter") as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        config = cfg.to_released(target_identity)
+        config = dflash_format.config_json(cfg, target_identity)
         config["torch_dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         if draft_vocab is not None:
@@ -81,11 +80,11 @@ def import_released(folder: str | Path, dtype: str = "float32"):
     """
     folder = Path(folder)
     raw = read_json(folder / "config.json")
-    cfg = DrafterConfig.from_released(raw, dtype=dtype)
+    cfg = dflash_format.read_config(raw, dtype=dtype)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors in {folder}")
-    params, unused = read_safetensors(files, released_names(cfg), drafter_param_shapes(cfg))
+    params, unused = read_safetensors(files, dflash_format.param_names(cfg), drafter_param_shapes(cfg))
     if unused:
         raise CheckpointError(
             f"{len(unused)} tensor(s) in {folder} that a {cfg.num_layers}-layer DFlash drafter does "
@@ -118,7 +117,7 @@ def save_drafter(
     """
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
     with atomic_folder(Path(out), overwrite, kind="drafter") as tmp:
-        (tmp / "config.json").write_text(json.dumps(cfg.to_released(target_identity), indent=2))
+        (tmp / "config.json").write_text(json.dumps(dflash_format.config_json(cfg, target_identity), indent=2))
         # host numpy arrays, written by this process alone (in a multi-host job only process 0 exports)
         only_me = ocp.options.MultiprocessingOptions(
             primary_host=jax.process_index(), active_processes={jax.process_index()}
@@ -163,7 +162,7 @@ def load_drafter(folder: str | Path, dtype: str = "float32"):
             f"{meta_path} has format {meta.get('format')!r}, expected {DRAFTER_FORMAT!r}"
             " (is this a target checkpoint? pass it as --target)"
         )
-    cfg = DrafterConfig.from_released(read_json(folder / "config.json"), dtype=dtype)
+    cfg = dflash_format.read_config(read_json(folder / "config.json"), dtype=dtype)
     params = restore_params(folder / "params", placed(drafter_param_shapes(cfg)))
     return params, cfg, meta.get("target_identity")
 

@@ -2,10 +2,10 @@
 Qwen3-MoE and gpt-oss (mixture of experts), Qwen3.5 and Qwen3.5-MoE (hybrid: Gated DeltaNet
 layers, ``deltanet.py``, among gated full attention).
 
-Read top to bottom: ``MoEConfig`` and ``TargetConfig`` (from a Hugging Face ``config.json``),
-``Attention`` (grouped-query; sliding window and attention sinks for gpt-oss), ``MoE`` (router
-and experts as one grouped matmul, a gated shared expert), ``DecoderLayer``, ``Target``, then the KV-cache and
-parameter helpers and the Hugging Face weight-name map (``hf_param_names``).
+Read top to bottom: ``MoEConfig`` and ``TargetConfig``, ``Attention`` (grouped-query; sliding
+window and attention sinks for gpt-oss), ``MoE`` (router and experts as one grouped matmul, a gated
+shared expert), ``DecoderLayer``, ``Target``, then the KV-cache and parameter helpers. The model
+only: a Hugging Face ``config.json`` and tensor names are read in ``hf_format.py``.
 
 KV cache convention: one ``(k, v)`` pair per layer, each ``[B, S, KV, D]`` with a
 static maximum length ``S``; the cache slot of a token **is** its absolute
@@ -29,24 +29,10 @@ import numpy as np
 from flax import linen as nn
 
 from dflash_jax.deltanet import GatedDeltaNet, LinearState, PendingLinear, commit
-from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq, yarn_inv_freq
 
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
-
-SUPPORTED_FAMILIES = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "qwen3_moe",
-    "gpt_oss",
-    "qwen3_5",
-    "qwen3_5_text",
-    "qwen3_5_moe",
-    "qwen3_5_moe_text",
-)
-HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet layers among gated full attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +75,6 @@ class LinearAttentionConfig:
     conv_kernel: int
 
 
-# num_key_value_heads when config.json leaves it out, as transformers' config classes default it
-# (Llama, Qwen2, Qwen3: the number of attention heads)
-_KV_HEADS_DEFAULT = {"qwen3_moe": 4, "gpt_oss": 8, "qwen3_5": 4, "qwen3_5_moe": 2}
-_MAX_POSITIONS_DEFAULT = {"qwen3_moe": 32768, "gpt_oss": 131072, "qwen3_5": 32768, "qwen3_5_moe": 32768}
-
 # Fields added after format 1: they enter a checkpoint's config hash only when they differ from
 # their default, so targets converted before they existed keep their identity.
 _LATER_FIELDS = (
@@ -111,7 +92,8 @@ _LATER_FIELDS = (
 
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
-    """Static shape and numerics of a target model (hashable: safe as a jit static arg)."""
+    """Static shape and numerics of a target model (hashable: safe as a jit static arg); read from a
+    Hugging Face ``config.json`` by ``hf_format.read_config``."""
 
     family: str
     vocab_size: int
@@ -172,231 +154,6 @@ class TargetConfig:
     @property
     def rope_scaling_dict(self) -> dict | None:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
-
-    @classmethod
-    def from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
-        """Read a Hugging Face ``config.json`` dict; see ``_from_hf``. Any malformed field is a ConfigError."""
-        if not isinstance(hf, dict):
-            raise ConfigError("config.json must hold a JSON object")
-        try:
-            cfg = cls._from_hf(hf, dtype)
-        except ConfigError:
-            raise
-        except KeyError as e:
-            raise ConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
-        except (TypeError, ValueError, ZeroDivisionError) as e:
-            raise ConfigError(f"config.json has a malformed field: {type(e).__name__}: {e}") from None
-        sizes = dict(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-        )
-        bad = [k for k, v in sizes.items() if v < 1]
-        if bad:
-            raise ConfigError(f"config.json field {bad[0]} must be a positive integer")
-        if cfg.num_heads % cfg.num_kv_heads:
-            raise ConfigError(
-                f"num_attention_heads ({cfg.num_heads}) must be a multiple of num_key_value_heads ({cfg.num_kv_heads})"
-            )
-        return cfg
-
-    @classmethod
-    def _from_hf(cls, hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
-        """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout).
-
-        Defaults for fields a config may leave out are those of transformers' config class of the
-        family (``Qwen3MoeConfig``, ``GptOssConfig``, ...).
-
-        Raises:
-          ConfigError: unknown ``model_type``, or a feature we do not implement
-            (sliding-window attention outside gpt-oss, an unknown ``rope_scaling`` type, a non-SiLU
-            activation, MLP biases, partial rotary embeddings), each named.
-        """
-        family = hf.get("model_type")
-        if family in HYBRID_FAMILIES:  # the multimodal config: its language model is the target
-            text = hf.get("text_config")
-            if not isinstance(text, dict):
-                raise ConfigError(f"{family} config.json has no text_config object")
-            # transformers ties the head by the top-level flag; a top-level quantisation applies to the whole
-            top, hf = hf, {**text, "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
-            hf.update(
-                model_type=f"{family}_text",
-                quantization_config=top.get("quantization_config") or text.get("quantization_config"),
-            )
-            family = f"{family}_text"
-        if family not in SUPPORTED_FAMILIES:
-            raise ConfigError(
-                f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
-            )
-        gpt_oss = family == "gpt_oss"
-        hybrid = family.removesuffix("_text") in HYBRID_FAMILIES
-        family = family.removesuffix("_text")
-        quant = hf.get("quantization_config")
-        if quant:
-            method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-            raise ConfigError(
-                f"config.json has quantization_config (quant_method {method!r}): quantised weights are not "
-                "read; save a bfloat16 copy with transformers (for mxfp4: from_pretrained(..., "
-                "quantization_config=Mxfp4Config(dequantize=True)) then save_pretrained) and convert that"
-            )
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
-        if hf.get("mlp_bias", False):
-            raise ConfigError("mlp_bias=true is not supported")
-        if family.startswith("qwen") and hf.get("use_sliding_window", False):
-            raise ConfigError(
-                f"{family} config has use_sliding_window=true; sliding-window attention in this target "
-                "is not implemented (set it to false only if the model never runs past its window)"
-            )
-        num_layers = int(hf["num_hidden_layers"])
-        layer_types = tuple(hf.get("layer_types") or ())
-        if gpt_oss and not layer_types:  # GptOssConfig's default: sliding, full, sliding, ...
-            layer_types = tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers))
-        if hybrid and not layer_types:  # Qwen3_5TextConfig's default: three linear layers, then a full one
-            every = int(hf.get("full_attention_interval", 4))
-            layer_types = tuple("linear_attention" if (i + 1) % every else "full_attention" for i in range(num_layers))
-        allowed = {"full_attention"}
-        allowed |= {"sliding_attention"} if gpt_oss else {"linear_attention"} if hybrid else set()
-        if set(layer_types) - allowed:
-            raise ConfigError(
-                f"layer_types {sorted(set(layer_types))} not supported for {family}; only {sorted(allowed)}"
-            )
-        if layer_types and len(layer_types) != num_layers:
-            raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
-        if not set(layer_types) & {"sliding_attention", "linear_attention"}:
-            layer_types = ()
-        elif "sliding_attention" in layer_types and "sliding_window" in hf and not hf["sliding_window"]:
-            raise ConfigError(
-                "config.json has sliding_attention layers but sliding_window is null or 0; set the window"
-            )
-        rope = dict(hf.get("rope_parameters") or {})
-        legacy = hf.get("rope_scaling")
-        if legacy:
-            rope.update(legacy)
-        if gpt_oss and not hf.get("rope_parameters") and not legacy:  # GptOssConfig's default
-            rope = dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
-            rope["original_max_position_embeddings"] = 4096
-        theta = float(rope.get("rope_theta", hf.get("rope_theta", 150000.0 if gpt_oss else 10000.0)))
-        if legacy and "rope_type" not in legacy and "type" not in legacy:
-            raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25 if hybrid else 1.0)))
-        if partial != 1.0 and not hybrid:
-            raise ConfigError("partial_rotary_factor != 1 is not supported outside Qwen3.5")
-        scaling = yarn = None
-        if rope_type == "llama3":
-            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-            missing = [k for k in keys if k not in rope]
-            if missing:
-                raise ConfigError(f"llama3 rope scaling is missing {missing}")
-            scaling = tuple(sorted((k, float(rope[k])) for k in keys))
-        elif rope_type == "yarn":
-            if "factor" not in rope or "original_max_position_embeddings" not in rope:
-                raise ConfigError("yarn rope scaling needs 'factor' and 'original_max_position_embeddings'")
-            keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate")
-            keys += ("attention_factor", "mscale", "mscale_all_dim")
-            if "truncate" in rope:  # present but null reads as false in transformers
-                rope["truncate"] = bool(rope["truncate"])
-            yarn = tuple(sorted((k, float(rope[k])) for k in keys if rope.get(k) is not None))
-        elif rope_type != "default":
-            raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
-        heads = int(hf["num_attention_heads"])
-        head_dim = int(hf.get("head_dim") or (64 if gpt_oss else 256 if hybrid else hf["hidden_size"] // heads))
-        linear = None
-        if hybrid:
-            linear = LinearAttentionConfig(
-                num_k_heads=int(hf.get("linear_num_key_heads", 16)),
-                num_v_heads=int(hf.get("linear_num_value_heads", 32)),
-                head_k_dim=int(hf.get("linear_key_head_dim", 128)),
-                head_v_dim=int(hf.get("linear_value_head_dim", 128)),
-                conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
-            )
-            if linear.num_v_heads % linear.num_k_heads:
-                raise ConfigError(
-                    f"linear_num_value_heads ({linear.num_v_heads}) must be a multiple of linear_num_key_heads "
-                    f"({linear.num_k_heads})"
-                )
-            if int(head_dim * partial) % 2:
-                raise ConfigError(f"head_dim * partial_rotary_factor ({head_dim * partial}) must be even")
-        bias = bool(hf.get("attention_bias", gpt_oss))
-        moe = None
-        if family == "qwen3_5_moe":  # every layer: softmax, top k, always renormalised; a gated shared expert
-            moe = MoEConfig(
-                num_experts=int(hf.get("num_experts", 256)),
-                experts_per_token=int(hf.get("num_experts_per_tok", 8)),
-                intermediate_size=int(hf.get("moe_intermediate_size", 512)),
-                layers=tuple(range(num_layers)),
-                norm_topk_prob=True,
-                shared_expert_size=int(hf.get("shared_expert_intermediate_size", 512)),
-            )
-        elif family == "qwen3_moe":
-            experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
-            skip, step = set(hf.get("mlp_only_layers") or ()), int(hf.get("decoder_sparse_step", 1))
-            layers = tuple(i for i in range(num_layers) if i not in skip and experts > 0 and (i + 1) % step == 0)
-            moe = MoEConfig(
-                num_experts=experts,
-                experts_per_token=int(hf.get("num_experts_per_tok", 8)),
-                intermediate_size=int(hf.get("moe_intermediate_size", 768)),
-                layers=layers,
-                norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-            )
-        elif gpt_oss:
-            moe = MoEConfig(
-                num_experts=int(hf.get("num_local_experts", hf.get("num_experts", 128))),
-                experts_per_token=int(hf.get("num_experts_per_tok", 4)),
-                intermediate_size=int(hf.get("intermediate_size", 2880)),
-                layers=tuple(range(num_layers)),
-                router="topk_softmax",
-                router_bias=True,
-                expert_mlp="clamped_swiglu",
-                swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
-                swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
-            )
-        if moe is not None and moe.layers and not 1 <= moe.experts_per_token <= moe.num_experts:
-            raise ConfigError(
-                f"num_experts_per_tok ({moe.experts_per_token}) must be between 1 and the number of experts "
-                f"({moe.num_experts})"
-            )
-        if moe is not None and not moe.layers:
-            moe = None
-        return cls(
-            family=family,
-            vocab_size=int(hf["vocab_size"]),
-            hidden_size=int(hf["hidden_size"]),
-            intermediate_size=(
-                int(hf.get("intermediate_size", 2880))
-                if gpt_oss
-                else moe.intermediate_size  # unused: every layer has experts
-                if family == "qwen3_5_moe"
-                else int(hf["intermediate_size"])
-            ),
-            num_layers=num_layers,
-            num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or _KV_HEADS_DEFAULT.get(family, heads)),
-            head_dim=head_dim,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5 if gpt_oss else 1e-6)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=True if family == "qwen2" else bias,
-            o_bias=False if family == "qwen2" else bias,  # Qwen2 biases q, k, v only
-            qk_norm=family in ("qwen3", "qwen3_moe", *HYBRID_FAMILIES),
-            max_position_embeddings=int(hf.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT.get(family, 4096))),
-            dtype=dtype,
-            layer_types=layer_types,
-            sliding_window=int(hf.get("sliding_window", 128)) if "sliding_attention" in layer_types else 0,
-            attention_sinks=gpt_oss,
-            yarn=yarn,
-            moe=moe,
-            linear=linear,
-            partial_rotary_factor=partial,
-            attn_output_gate=hybrid,
-            norm_zero_centered=hybrid,
-        )
 
 
 def rope_tables(cfg: TargetConfig) -> tuple[np.ndarray, float]:
@@ -698,87 +455,3 @@ def param_shapes(cfg: TargetConfig):
 def param_logical_specs(cfg: TargetConfig):
     """Pytree of logical ``PartitionSpec`` matching ``init_params(cfg)``."""
     return nn.get_partition_spec(jax.eval_shape(lambda: _variables(cfg)))["params"]
-
-
-# ----------------------------------------------------------------------------- Hugging Face names
-
-
-def hf_param_names(cfg: TargetConfig, fused_experts: bool = False, prefix: str = "model.") -> dict[str, tuple]:
-    """Map each HF tensor name to (our param path, transpose?[, piece]): PyTorch ``Linear`` weights are
-    ``[out, in]`` (transpose swaps the last two axes). ``piece``, where present, is the index (ints and
-    slices) of the part of our parameter the tensor fills: Qwen3-MoE checkpoints store each expert's
-    ``gate_proj`` / ``up_proj`` / ``down_proj`` as its own tensor, which we stack into ``gate_up``
-    ``[E, d, 2F]`` and ``down`` ``[E, F, d]``; with ``fused_experts`` (transformers 5's in-memory
-    layout, which ``save_pretrained(save_original_format=False)`` writes) they are
-    ``mlp.experts.gate_up_proj`` ``[E, 2F, d]`` (gate first) and ``mlp.experts.down_proj``
-    ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``. ``prefix``: where the
-    language model's tensors live (``model.``; ``model.language_model.`` in Qwen3.5's multimodal
-    checkpoints). Qwen3.5's linear-attention layers: ``linear_attn.in_proj_{qkv,z,b,a}``,
-    ``conv1d.weight`` ``[C, 1, K]`` (kept in that layout), ``dt_bias``, ``A_log``, ``norm``, ``out_proj``.
-
-    The one place that names this module's parameters in Hugging Face's convention
-    (``checkpoint.load_hf_params`` reads through it)."""
-    names: dict[str, tuple] = {f"{prefix}embed_tokens.weight": (("embedding",), False)}
-    names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
-    if not cfg.tie_word_embeddings:
-        names["lm_head.weight"] = (("lm_head",), True)
-    for i in range(cfg.num_layers):
-        hf, ours = f"{prefix}layers.{i}.", (f"layers_{i}",)
-        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
-        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
-        if cfg.is_linear(i):
-            names.update(_linear_attention_names(f"{hf}linear_attn.", (*ours, "linear_attn")))
-        else:
-            names.update(_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
-        if not cfg.is_moe(i):
-            for p in ("gate", "up", "down"):
-                names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
-        elif cfg.family == "gpt_oss":
-            moe = (*ours, "moe")
-            names[f"{hf}mlp.router.weight"] = ((*moe, "router"), True)
-            names[f"{hf}mlp.router.bias"] = ((*moe, "router_bias"), False)
-            for p in ("gate_up", "down"):
-                names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
-                names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
-        elif fused_experts:  # qwen3_moe, qwen3_5_moe: transformers 5's fused layout
-            moe = (*ours, "moe")
-            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
-            names[f"{hf}mlp.experts.gate_up_proj"] = ((*moe, "gate_up"), True)
-            names[f"{hf}mlp.experts.down_proj"] = ((*moe, "down"), True)
-        else:  # qwen3_moe: one tensor per expert and projection
-            moe, f, whole = (*ours, "moe"), cfg.moe.intermediate_size, slice(None)
-            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
-            for j in range(cfg.moe.num_experts):
-                expert = f"{hf}mlp.experts.{j}."
-                names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
-                names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
-                names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
-        if cfg.is_moe(i) and cfg.moe.shared_expert_size:
-            shared = (*ours, "moe", "shared_expert")
-            for p in ("gate", "up", "down"):
-                names[f"{hf}mlp.shared_expert.{p}_proj.weight"] = ((*shared, f"{p}_proj"), True)
-            names[f"{hf}mlp.shared_expert_gate.weight"] = ((*ours, "moe", "shared_expert_gate"), True)
-    return names
-
-
-def _attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
-    names = {f"{hf}{p}_proj.weight": ((*ours, f"{p}_proj"), True) for p in "qkvo"}
-    if cfg.qkv_bias:
-        names.update({f"{hf}{p}_proj.bias": ((*ours, f"{p}_bias"), False) for p in "qkv"})
-    if cfg.o_bias:
-        names[f"{hf}o_proj.bias"] = ((*ours, "o_bias"), False)
-    if cfg.qk_norm:
-        names[f"{hf}q_norm.weight"] = ((*ours, "q_norm", "scale"), False)
-        names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
-    if cfg.attention_sinks:
-        names[f"{hf}sinks"] = ((*ours, "sinks"), False)
-    return names
-
-
-def _linear_attention_names(hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
-    names = {f"{hf}{p}.weight": ((*ours, p), True) for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
-    names[f"{hf}out_proj.weight"] = ((*ours, "out_proj"), True)
-    names[f"{hf}conv1d.weight"] = ((*ours, "conv_weight"), False)  # [C, 1, K], kept in that layout
-    names.update({f"{hf}{p}": ((*ours, p), False) for p in ("dt_bias", "A_log")})
-    names[f"{hf}norm.weight"] = ((*ours, "norm"), False)
-    return names

@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from dflash_jax import checkpoint, data, pipeline
+from dflash_jax import checkpoint, data, dflash_format, pipeline
 from dflash_jax.decode import Decoder
 from dflash_jax.distributed import is_main
 from dflash_jax.drafter import DraftStep, init_drafter_params
@@ -200,7 +200,8 @@ class Trainer:
         if upgrade:  # the convolutions start as the identity and the selector at random (SPEC "DFlash 2")
             dflash2_fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
             inputs |= {k: getattr(d, k) for k in dflash2_fields}
-        ours, theirs = self.dcfg.to_released(), dataclasses.replace(cfg, **inputs).to_released()
+        ours = dflash_format.config_json(self.dcfg)
+        theirs = dflash_format.config_json(dataclasses.replace(cfg, **inputs))
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if diff:
             raise ConfigError(

@@ -17,6 +17,7 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+from dflash_jax import dflash_format
 from dflash_jax.drafter import BLOCK_INPUTS, DrafterConfig, check_fits
 from dflash_jax.errors import ConfigError
 from dflash_jax.target import TargetConfig
@@ -243,7 +244,7 @@ def run_identity(
     identity = {
         "target": target_identity,
         "data": data_identity,
-        "drafter": dcfg.to_released(),
+        "drafter": dflash_format.config_json(dcfg),
         "train": t.to_dict(),
         "seed": c.seed,
         "val_size": c.eval.val_size,

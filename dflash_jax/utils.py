@@ -309,8 +309,8 @@ def read_safetensors(
     Returns ``(params, unused)``: a nested dict of float32 numpy arrays (transposed where asked),
     and the names present in the files that ``names`` does not map and ``ignore`` does not excuse,
     for the caller to refuse or warn about. ``expected``: a pytree of shapes or ``ShapeDtypeStruct``
-    (our orientation) each tensor must have. A model's own module says what its tensors are called
-    (``target.hf_param_names``, ``drafter.released_names``); this is the one reader of them.
+    (our orientation) each tensor must have. A format's module says what a model's tensors are called
+    (``hf_format.param_names``, ``dflash_format.param_names``); this is the one reader of them.
 
     Raises:
       CheckpointError: an unreadable or cut file, a non-float tensor, a tensor of the wrong shape

@@ -36,12 +36,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dflash_jax import hf_format  # noqa: E402
 from dflash_jax.decode import Decoder  # noqa: E402
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params  # noqa: E402
 from dflash_jax.ngram import NgramStep  # noqa: E402
 from dflash_jax.speculation import make_plan  # noqa: E402
 from dflash_jax.steps import Draft, all_real  # noqa: E402
-from dflash_jax.target import TargetConfig, init_params  # noqa: E402
+from dflash_jax.target import init_params  # noqa: E402
 
 SHAPES = {
     "qwen3-8b": dict(
@@ -95,7 +96,7 @@ def random_target(shape: str, dtype: str, seed: int = 0):
         rope_theta=1000000.0,
         tie_word_embeddings=False,
     )
-    cfg = TargetConfig.from_hf(hf, dtype=dtype)
+    cfg = hf_format.read_config(hf, dtype=dtype)
     init = jax.jit(
         lambda: jax.tree.map(
             lambda x: (x * (2.0 if x.ndim > 1 else 1.0)).astype(cfg.compute_dtype), init_params(cfg, seed)

@@ -158,13 +158,12 @@ def plan(
     import jax.numpy as jnp
     import optax
 
-    from dflash_jax import checkpoint
+    from dflash_jax import checkpoint, hf_format
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
     from dflash_jax.sharding import axis_rules, make_mesh
-    from dflash_jax.target import TargetConfig
     from dflash_jax.train_step import sharded_step
 
-    tcfg = TargetConfig.from_hf(TARGETS[target], dtype="bfloat16")
+    tcfg = hf_format.read_config(TARGETS[target], dtype="bfloat16")
     if compile_step is None:
         compile_step = tcfg.moe is None
     dcfg = DrafterConfig.for_target(tcfg, num_layers=5, block_size=16, mask_token_id=151662, dtype="bfloat16")

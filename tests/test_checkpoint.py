@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dflash_jax import checkpoint
+from dflash_jax import checkpoint, hf_format
 from dflash_jax.errors import CheckpointError, ConfigError
 from dflash_jax.sharding import make_mesh
 
@@ -223,8 +223,6 @@ def test_gguf_never_reuses_a_stale_hf_folder(tiny_models, tmp_path):
     ],
 )
 def test_malformed_config_fields(patch, message):
-    from dflash_jax.target import TargetConfig
-
     base = {
         "model_type": "llama",
         "vocab_size": 10,
@@ -236,9 +234,9 @@ def test_malformed_config_fields(patch, message):
     cfg = {**base, **patch}
     cfg = {k: v for k, v in cfg.items() if v is not None}
     with pytest.raises(ConfigError, match=message):
-        TargetConfig.from_hf(cfg)
+        hf_format.read_config(cfg)
     with pytest.raises(ConfigError, match="JSON object"):
-        TargetConfig.from_hf([1, 2])
+        hf_format.read_config([1, 2])
 
 
 def test_qwen3_moe_gguf_converts_like_its_hf_folder(tmp_path):
@@ -246,11 +244,9 @@ def test_qwen3_moe_gguf_converts_like_its_hf_folder(tmp_path):
     transformers: the same config and exactly the same parameters as the model's HF folder."""
     from helpers import write_tiny_qwen3_moe_gguf
 
-    from dflash_jax.target import TargetConfig
-
     gguf_file = write_tiny_qwen3_moe_gguf(tmp_path)
     ck = checkpoint.load_target(checkpoint.convert_gguf(gguf_file, tmp_path / "ck"))
-    hf_cfg = TargetConfig.from_hf(json.loads((tmp_path / "hf" / "config.json").read_text()))
+    hf_cfg = hf_format.read_config(json.loads((tmp_path / "hf" / "config.json").read_text()))
     assert ck.cfg.moe == hf_cfg.moe and ck.cfg.num_layers == 2 and ck.cfg.qk_norm
     want = checkpoint.load_hf_params(tmp_path / "hf", hf_cfg)
     for got, ref in zip(jax.tree.leaves(ck.params), jax.tree.leaves(want)):

@@ -5,6 +5,7 @@ import pytest
 import torch
 from helpers import TINY_REL, assert_close
 
+from dflash_jax import dflash_format
 from dflash_jax.drafter import (
     Drafter,
     DrafterConfig,
@@ -116,11 +117,33 @@ def test_released_drafter_with_yarn_rope_is_refused():
     """The drafter implements plain and Llama 3 RoPE only: a YaRN config is an error, not run without it."""
     from dflash_jax.errors import ConfigError
 
-    released = DrafterConfig.for_target(TARGET, num_layers=1, block_size=4, mask_token_id=3).to_released()
-    DrafterConfig.from_released(released)  # the config as exported loads
+    released = dflash_format.config_json(DrafterConfig.for_target(TARGET, num_layers=1, block_size=4, mask_token_id=3))
+    dflash_format.read_config(released)  # the config as exported loads
     yarn = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
     with pytest.raises(ConfigError, match="rope type 'yarn' is not supported for drafters"):
-        DrafterConfig.from_released({**released, "rope_scaling": yarn})
+        dflash_format.read_config({**released, "rope_scaling": yarn})
+
+
+def test_a_released_config_of_another_architecture_is_refused_by_name():
+    """``architectures`` says which drafter a released ``config.json`` is: an entry other than
+    DFlash's and DFlash 2's is refused in one line that names it and the known ones (it was read as
+    DFlash, and failed later on missing tensors); a config without ``architectures`` reads as DFlash."""
+    from dflash_jax.errors import ConfigError
+
+    cfg = DrafterConfig.for_target(TARGET, num_layers=1, block_size=4, mask_token_id=3)
+    released = dflash_format.config_json(cfg)
+    for arch in (["Qwen3ForCausalLM"], ["DFlashDraftModel", "EagleDraftModel"], "LlamaForCausalLM", 3):
+        unknown = arch[-1] if isinstance(arch, list) else arch
+        with pytest.raises(ConfigError) as e:
+            dflash_format.read_config({**released, "architectures": arch})
+        assert str(e.value) == (
+            f"drafter config.json: architectures {unknown!r} is not a released DFlash drafter; "
+            "known: DFlashDraftModel, DFlash2DraftModel"
+        )
+    without = {k: v for k, v in released.items() if k != "architectures"}
+    for missing in ({}, {"architectures": None}, {"architectures": []}):
+        assert dflash_format.read_config({**without, **missing}) == cfg
+    assert dflash_format.read_config({**released, "architectures": "DFlashDraftModel"}) == cfg
 
 
 def test_ngram_block_input_survives_the_released_format(tmp_path):
@@ -133,7 +156,7 @@ def test_ngram_block_input_survives_the_released_format(tmp_path):
     from dflash_jax.errors import ConfigError
 
     plain = DrafterConfig.for_target(TARGET, num_layers=1, block_size=8, mask_token_id=3)
-    assert "block_input" not in plain.to_released()["dflash_config"]
+    assert "block_input" not in dflash_format.config_json(plain)["dflash_config"]
     cfg = dataclasses.replace(plain, block_input="ngram", ngram_max=3, ngram_min=2)
     out = export_released(init_drafter_params(cfg, seed=0), cfg, tmp_path / "d")
     _, back, _ = import_released(out)
@@ -166,13 +189,13 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     got, back, _ = import_released(out)
     assert back == cfg and back.copy_bias == 4.0
     np.testing.assert_array_equal(np.asarray(got["copy_bias"]), table)
-    assert "copy_bias" not in dataclasses.replace(cfg, copy_bias=None).to_released()["dflash_config"]
+    assert "copy_bias" not in dflash_format.config_json(dataclasses.replace(cfg, copy_bias=None))["dflash_config"]
     from dflash_jax.errors import ConfigError
 
-    raw = cfg.to_released()
+    raw = dflash_format.config_json(cfg)
     raw["dflash_config"]["copy_bias"] = True
     with pytest.raises(ConfigError, match="copy_bias must be a number, got True"):
-        DrafterConfig.from_released(raw)
+        dflash_format.read_config(raw)
     DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
 
 
@@ -209,7 +232,7 @@ def test_dflash2_backbone_equals_reference(tmp_path):
     from dflash.model import DFlash2DraftModel
 
     cfg = DrafterConfig.for_target(TARGET, num_layers=2, block_size=6, mask_token_id=3, **DFLASH2)
-    assert cfg.dflash2 and cfg.to_released()["architectures"] == ["DFlash2DraftModel"]
+    assert cfg.dflash2 and dflash_format.config_json(cfg)["architectures"] == ["DFlash2DraftModel"]
     params = _dflash2_params(cfg, 1)
     tparams = _scaled(init_params(TARGET, seed=2), 2, 20.0)
     export_released(params, cfg, tmp_path / "drafter")

@@ -331,6 +331,7 @@ def test_bad_drafter_folders_are_one_line_errors(target, tmp_path, capsys):
         ({"block_size": "abc"}, "block_size"),
         ({"hidden_size": 1.5}, "hidden_size"),
         ({"architectures": ["DFlash2DraftModel"]}, "conv_kernel_size"),  # a DFlash 2 label without its fields
+        ({"architectures": ["Qwen3ForCausalLM"]}, "architectures"),  # not a DFlash drafter: refused by name
     ):
         bad = _copy(rel, tmp_path / f"bad-{field.replace(' ', '')}")
         raw = json.loads((bad / "config.json").read_text())
@@ -456,7 +457,7 @@ def test_unsupported_architecture_folder_is_one_line_listing_the_supported(tiny_
     every family we read."""
     import shutil
 
-    from dflash_jax.target import SUPPORTED_FAMILIES
+    from dflash_jax.hf_format import SUPPORTED_FAMILIES
 
     _, hf_dir, _ = tiny_models["qwen2"]
     folder = tmp_path / "mistral"

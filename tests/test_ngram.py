@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dflash_jax import decode
+from dflash_jax import decode, hf_format
 from dflash_jax.decode import Decoder
 from dflash_jax.ngram import NgramStep
 from dflash_jax.sampling import GREEDY, Sampling, probs
@@ -131,7 +131,7 @@ def target():
     draws them (std 0.2, norm scales 1 + 0.1 N(0, 1)) so that argmax ties are improbable: (target, plain decoder)."""
     from helpers import TINY
 
-    cfg = TargetConfig.from_hf(dict(TINY, model_type="qwen3", vocab_size=VG))
+    cfg = hf_format.read_config(dict(TINY, model_type="qwen3", vocab_size=VG))
     paths, tree = jax.tree_util.tree_flatten_with_path(init_params(cfg))
     keys = jax.random.split(jax.random.key(0), len(paths))
     leaves = [
@@ -289,7 +289,7 @@ def tiny():
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     )
-    cfg = TargetConfig.from_hf(hf)
+    cfg = hf_format.read_config(hf)
     params = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_params(cfg, seed=1))  # peakier logits
     return cfg, params
 
@@ -400,7 +400,7 @@ def test_ngram_block_input_is_the_rule():
 
     rng = np.random.default_rng(3)
     batch, span, bs, mask = 5, 30, 6, 1
-    cfg = TargetConfig.from_hf(
+    cfg = hf_format.read_config(
         dict(
             model_type="qwen3",
             vocab_size=8,
@@ -436,7 +436,7 @@ def test_the_copy_bias_rewards_the_proposed_tokens():
     offset ``k`` holds, for offsets ``k <= num`` only, and leaves a drafter without one alone."""
     from dflash_jax.drafter import DrafterConfig, copy_prior
 
-    cfg = TargetConfig.from_hf(dict(__import__("helpers").TINY, model_type="qwen3", vocab_size=VG))
+    cfg = hf_format.read_config(dict(__import__("helpers").TINY, model_type="qwen3", vocab_size=VG))
     dcfg = DrafterConfig.for_target(cfg, 1, 6, 3, block_input="ngram", ngram_max=3, copy_bias=1.0)
     table = np.arange(15, dtype=np.float32).reshape(3, 5) + 1  # [matched length, offset]
     rs = np.random.RandomState(0)

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dflash_jax import drafter
+from dflash_jax import drafter, hf_format
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.sampling import Sampling, probs
 from dflash_jax.speculation import make_plan
-from dflash_jax.target import Target, TargetConfig, init_params
+from dflash_jax.target import Target, init_params
 
 V = 8  # vocabulary: 8^3 = 512 joint cells for three tokens
 PROMPT = [1, 5, 2, 7, 3]
@@ -45,7 +45,7 @@ def tiny():
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     )
-    cfg = TargetConfig.from_hf(hf)
+    cfg = hf_format.read_config(hf)
     params = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_params(cfg, seed=1))  # peakier logits
     dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=V - 1)
     dparams = jax.tree.map(lambda x: x * 3.0 if x.ndim == 2 else x, init_drafter_params(dcfg, seed=2))
@@ -190,7 +190,7 @@ def test_stream_yields_the_rounds_of_generate(tiny, s):
 
 
 def test_stream_raises_bad_input_in_the_caller():
-    cfg = TargetConfig.from_hf(
+    cfg = hf_format.read_config(
         dict(
             model_type="qwen3",
             vocab_size=V,

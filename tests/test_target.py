@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from helpers import HYBRID_REL, LLAMA3_ROPE, TINY, TINY_REL, assert_close, hf_logits
 
-from dflash_jax import checkpoint
+from dflash_jax import checkpoint, hf_format
 from dflash_jax.errors import ConfigError
-from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache
+from dflash_jax.target import Target, commit_cache, init_cache
 
 
 def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
@@ -126,12 +126,12 @@ BASE = {
 )
 def test_unsupported_config_is_a_clear_error(patch, message):
     with pytest.raises(ConfigError, match=message):
-        TargetConfig.from_hf({**BASE, **patch})
+        hf_format.read_config({**BASE, **patch})
 
 
 def test_config_reads_both_rope_layouts():
-    old = TargetConfig.from_hf({**BASE, "rope_theta": 5e5})
-    new = TargetConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
+    old = hf_format.read_config({**BASE, "rope_theta": 5e5})
+    new = hf_format.read_config({**BASE, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
     assert old == new and old.rope_theta == 5e5 and old.qkv_bias
 
 
@@ -152,9 +152,9 @@ def test_config_reads_both_rope_layouts():
 def test_dense_config_hash_is_what_it_was(patch, digest):
     """Dense targets converted before the mixture-of-experts fields existed keep their identity: the
     digests are the ones the code before those fields computed (commit 67c6500)."""
-    assert checkpoint.config_hash(TargetConfig.from_hf({**BASE, **patch})) == digest
+    assert checkpoint.config_hash(hf_format.read_config({**BASE, **patch})) == digest
     moe = {**BASE, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "num_key_value_heads": 2}
-    moe = TargetConfig.from_hf(moe)
+    moe = hf_format.read_config(moe)
     assert "moe" in moe.hash_fields() and checkpoint.config_hash(moe) != digest
 
 
@@ -165,7 +165,7 @@ def test_defaults_of_a_minimal_config_are_transformers(family):
 
     minimal = {"model_type": family, "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 4}
     minimal.update(num_attention_heads=16, intermediate_size=48)
-    ours = TargetConfig.from_hf(minimal)
+    ours = hf_format.read_config(minimal)
     theirs = transformers.AutoConfig.for_model(**minimal)
     assert ours.num_kv_heads == theirs.num_key_value_heads
     assert ours.head_dim == (getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads)
@@ -181,7 +181,7 @@ def test_defaults_of_a_minimal_config_are_transformers(family):
         assert list(ours.layer_types) == theirs.layer_types and ours.sliding_window == theirs.sliding_window
         rope = {k: float(v) for k, v in theirs.rope_parameters.items() if k not in ("rope_type", "rope_theta")}
         assert dict(ours.yarn) == rope and ours.rope_theta == theirs.rope_parameters["rope_theta"]
-        explicit = TargetConfig.from_hf({**minimal, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+        explicit = hf_format.read_config({**minimal, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
         assert explicit.yarn is None  # rope parameters given: no YaRN default, as transformers
 
 
@@ -192,7 +192,7 @@ def test_defaults_of_a_minimal_hybrid_config_are_transformers(family):
 
     minimal = {"model_type": family, "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 8}
     minimal.update(num_attention_heads=16, **({"intermediate_size": 48} if family == "qwen3_5_text" else {}))
-    ours = TargetConfig.from_hf(minimal)
+    ours = hf_format.read_config(minimal)
     theirs = transformers.AutoConfig.for_model(**minimal)
     assert ours.num_kv_heads == theirs.num_key_value_heads and ours.head_dim == theirs.head_dim
     assert list(ours.layer_types) == theirs.layer_types and ours.rms_norm_eps == theirs.rms_norm_eps

@@ -1,0 +1,458 @@
+"""Hugging Face's format of a target: ``config.json`` -> ``TargetConfig``, and the tensor names of its
+safetensors -> our parameters (``target.Target``'s pytree).
+
+Read top to bottom: ``read_config`` (the checks every config passes), the per-family readers
+behind ``READERS`` (a table from ``model_type`` to a small function), the pieces they share
+(``_layers``, the one RoPE reader ``_rope``, ``_heads``, ``_shape``), then the weight names
+(``param_names``, ``is_extra``).
+
+Defaults for the fields a config may leave out are those of transformers' config class of the
+family (``LlamaConfig``, ``Qwen3MoeConfig``, ``GptOssConfig``, ``Qwen3_5TextConfig``, ...), so a
+minimal config reads as transformers reads it (tests/test_target.py compares them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from dflash_jax.errors import ConfigError
+from dflash_jax.target import LinearAttentionConfig, MoEConfig, TargetConfig
+
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet layers among gated full attention
+
+
+def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
+    """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout) as a ``TargetConfig``.
+
+    ``dtype``: the compute dtype of the config (``"float32"`` or ``"bfloat16"``).
+
+    Raises:
+      ConfigError: ``hf`` not a dict; an unknown ``model_type`` (one line listing
+        ``SUPPORTED_FAMILIES``); a required field missing or malformed (named); a size not a
+        positive integer, or ``num_attention_heads`` not a multiple of ``num_key_value_heads``;
+        quantised weights; or a feature we do not implement (sliding-window attention outside
+        gpt-oss, an unknown RoPE type, a non-SiLU activation, MLP biases, partial rotary
+        embeddings outside Qwen3.5), each named.
+    """
+    if not isinstance(hf, dict):
+        raise ConfigError("config.json must hold a JSON object")
+    try:
+        cfg = _read(hf, dtype)
+    except ConfigError:
+        raise
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConfigError(f"config.json has a malformed field: {type(e).__name__}: {e}") from None
+    sizes = dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+    )
+    bad = [k for k, v in sizes.items() if v < 1]
+    if bad:
+        raise ConfigError(f"config.json field {bad[0]} must be a positive integer")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError(
+            f"num_attention_heads ({cfg.num_heads}) must be a multiple of num_key_value_heads ({cfg.num_kv_heads})"
+        )
+    return cfg
+
+
+def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
+    family = hf.get("model_type")
+    if family in HYBRID_FAMILIES:  # the multimodal config: its language model is the target
+        hf, family = _language_model(hf, family), f"{family}_text"
+    if family not in READERS:
+        raise ConfigError(
+            f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    quant = hf.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ConfigError(
+            f"config.json has quantization_config (quant_method {method!r}): quantised weights are not "
+            "read; save a bfloat16 copy with transformers (for mxfp4: from_pretrained(..., "
+            "quantization_config=Mxfp4Config(dequantize=True)) then save_pretrained) and convert that"
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
+    if hf.get("mlp_bias", False):
+        raise ConfigError("mlp_bias=true is not supported")
+    read, family = READERS[family], family.removesuffix("_text")
+    return TargetConfig(family=family, dtype=dtype, **read(hf, family))
+
+
+def _language_model(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Qwen3.5's multimodal ``config.json``: its ``text_config``, as a ``{family}_text`` config.
+    transformers ties the head by the top-level flag; a top-level quantisation applies to the whole."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"{family} config.json has no text_config object")
+    return {
+        **text,
+        "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+        "model_type": f"{family}_text",
+        "quantization_config": hf.get("quantization_config") or text.get("quantization_config"),
+    }
+
+
+# ----------------------------------------------------------------------------- the families
+#
+# A reader takes the config dict and the family's name and returns the ``TargetConfig`` fields
+# other than ``family`` and ``dtype``.
+
+
+def _dense(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Llama, Qwen2 and Qwen3: full attention, one SwiGLU per layer."""
+    num_layers, _ = _layers(hf, family)
+    rope, heads = _rope(hf), _heads(hf)
+    fields = {**rope, **_shape(hf, num_layers, heads), "intermediate_size": int(hf["intermediate_size"])}
+    if family == "qwen2":  # Qwen2 biases q, k, v only
+        fields.update(qkv_bias=True, o_bias=False)
+    return fields | {"qk_norm": family == "qwen3"}
+
+
+def _qwen3_moe(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Qwen3-MoE: Qwen3's attention; experts in the layers ``mlp_only_layers`` and
+    ``decoder_sparse_step`` leave (softmax over all experts, then the top k)."""
+    num_layers, _ = _layers(hf, family)
+    rope, heads = _rope(hf), _heads(hf)
+    experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
+    skip, step = set(hf.get("mlp_only_layers") or ()), int(hf.get("decoder_sparse_step", 1))
+    moe = MoEConfig(
+        num_experts=experts,
+        experts_per_token=int(hf.get("num_experts_per_tok", 8)),
+        intermediate_size=int(hf.get("moe_intermediate_size", 768)),
+        layers=tuple(i for i in range(num_layers) if i not in skip and experts > 0 and (i + 1) % step == 0),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+    )
+    moe = _experts(moe)
+    fields = {**rope, **_shape(hf, num_layers, heads, kv_heads=4, max_positions=32768)}
+    return fields | {"intermediate_size": int(hf["intermediate_size"]), "qk_norm": True, "moe": moe}
+
+
+# GptOssConfig's RoPE when config.json gives none
+_GPT_OSS_YARN = dict(
+    rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False, original_max_position_embeddings=4096
+)
+
+
+def _gpt_oss(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """gpt-oss: sliding and full attention layers (GptOssConfig's default: sliding, full, sliding, ...),
+    attention sinks, biased attention, YaRN RoPE; experts in every layer (top k of the biased router
+    logits, then a softmax over those k; the clamped SwiGLU)."""
+
+    def alternate(n: int) -> tuple[str, ...]:
+        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n))
+
+    num_layers, layer_types = _layers(hf, family, "sliding_attention", alternate)
+    sliding = "sliding_attention" in layer_types
+    if sliding and "sliding_window" in hf and not hf["sliding_window"]:
+        raise ConfigError("config.json has sliding_attention layers but sliding_window is null or 0; set the window")
+    rope, heads = _rope(hf, theta=150000.0, default=_GPT_OSS_YARN), _heads(hf, head_dim=64)
+    moe = MoEConfig(
+        num_experts=int(hf.get("num_local_experts", hf.get("num_experts", 128))),
+        experts_per_token=int(hf.get("num_experts_per_tok", 4)),
+        intermediate_size=int(hf.get("intermediate_size", 2880)),
+        layers=tuple(range(num_layers)),
+        router="topk_softmax",
+        router_bias=True,
+        expert_mlp="clamped_swiglu",
+        swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(hf.get("swiglu_limit", 7.0)),
+    )
+    moe = _experts(moe)
+    fields = {**rope, **_shape(hf, num_layers, heads, kv_heads=8, eps=1e-5, max_positions=131072, bias=True)}
+    return fields | dict(
+        intermediate_size=int(hf.get("intermediate_size", 2880)),
+        layer_types=layer_types,
+        sliding_window=int(hf.get("sliding_window", 128)) if sliding else 0,
+        attention_sinks=True,
+        moe=moe,
+    )
+
+
+def _qwen3_5(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Qwen3.5 and Qwen3.5-MoE (their text configs): Gated DeltaNet layers among gated full attention
+    (Qwen3_5TextConfig's default: three linear layers, then a full one), partial rotary embeddings,
+    zero-centred norms; Qwen3.5-MoE has experts in every layer (softmax, top k, always renormalised)
+    and a gated shared expert."""
+
+    def every(n: int) -> tuple[str, ...]:
+        k = int(hf.get("full_attention_interval", 4))
+        return tuple("linear_attention" if (i + 1) % k else "full_attention" for i in range(n))
+
+    num_layers, layer_types = _layers(hf, family, "linear_attention", every)
+    rope, heads = _rope(hf, partial=0.25), _heads(hf, head_dim=256)
+    linear = LinearAttentionConfig(
+        num_k_heads=int(hf.get("linear_num_key_heads", 16)),
+        num_v_heads=int(hf.get("linear_num_value_heads", 32)),
+        head_k_dim=int(hf.get("linear_key_head_dim", 128)),
+        head_v_dim=int(hf.get("linear_value_head_dim", 128)),
+        conv_kernel=int(hf.get("linear_conv_kernel_dim", 4)),
+    )
+    if linear.num_v_heads % linear.num_k_heads:
+        raise ConfigError(
+            f"linear_num_value_heads ({linear.num_v_heads}) must be a multiple of linear_num_key_heads "
+            f"({linear.num_k_heads})"
+        )
+    rotary = heads[1] * rope["partial_rotary_factor"]
+    if int(rotary) % 2:
+        raise ConfigError(f"head_dim * partial_rotary_factor ({rotary}) must be even")
+    fields = dict(layer_types=layer_types, linear=linear, qk_norm=True, attn_output_gate=True, norm_zero_centered=True)
+    if family == "qwen3_5":
+        shape = _shape(hf, num_layers, heads, kv_heads=4, max_positions=32768)
+        return {**rope, **shape, **fields, "intermediate_size": int(hf["intermediate_size"])}
+    moe = MoEConfig(
+        num_experts=int(hf.get("num_experts", 256)),
+        experts_per_token=int(hf.get("num_experts_per_tok", 8)),
+        intermediate_size=int(hf.get("moe_intermediate_size", 512)),
+        layers=tuple(range(num_layers)),
+        norm_topk_prob=True,
+        shared_expert_size=int(hf.get("shared_expert_intermediate_size", 512)),
+    )
+    fields |= {"intermediate_size": moe.intermediate_size, "moe": _experts(moe)}  # the dense width is unused
+    return {**rope, **_shape(hf, num_layers, heads, kv_heads=2, max_positions=32768), **fields}
+
+
+def _no_sliding_window(reader: Callable[[dict, str], dict]) -> Callable[[dict, str], dict]:
+    """The Qwen families: ``use_sliding_window=true`` is refused (their sliding window is not implemented)."""
+
+    def read(hf: dict[str, Any], family: str) -> dict[str, Any]:
+        if hf.get("use_sliding_window", False):
+            raise ConfigError(
+                f"{family} config has use_sliding_window=true; sliding-window attention in this target "
+                "is not implemented (set it to false only if the model never runs past its window)"
+            )
+        return reader(hf, family)
+
+    return read
+
+
+# model_type -> reader. qwen3_5 and qwen3_5_moe are the multimodal configs: ``_read`` first turns them into
+# their text_config (model_type qwen3_5_text, qwen3_5_moe_text), the target
+READERS: dict[str, Callable[[dict, str], dict]] = {
+    "llama": _dense,
+    "qwen2": _no_sliding_window(_dense),
+    "qwen3": _no_sliding_window(_dense),
+    "qwen3_moe": _no_sliding_window(_qwen3_moe),
+    "gpt_oss": _gpt_oss,
+    "qwen3_5": _no_sliding_window(_qwen3_5),
+    "qwen3_5_text": _no_sliding_window(_qwen3_5),
+    "qwen3_5_moe": _no_sliding_window(_qwen3_5),
+    "qwen3_5_moe_text": _no_sliding_window(_qwen3_5),
+}
+SUPPORTED_FAMILIES = tuple(READERS)
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def _layers(
+    hf: dict[str, Any], family: str, kind: str | None = None, default: Callable[[int], tuple] | None = None
+) -> tuple[int, tuple[str, ...]]:
+    """``(num_hidden_layers, layer_types)``; ``layer_types`` is ``()`` when every layer is full
+    attention. ``kind``: the family's other kind of layer, if any (``"sliding_attention"``,
+    ``"linear_attention"``); ``default(num_layers)``: the family's ``layer_types`` where config.json
+    has none."""
+    num_layers = int(hf["num_hidden_layers"])
+    layer_types = tuple(hf.get("layer_types") or ())
+    if default is not None and not layer_types:
+        layer_types = default(num_layers)
+    allowed = {"full_attention", *([kind] if kind else [])}
+    if set(layer_types) - allowed:
+        raise ConfigError(f"layer_types {sorted(set(layer_types))} not supported for {family}; only {sorted(allowed)}")
+    if layer_types and len(layer_types) != num_layers:
+        raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
+    return num_layers, layer_types if set(layer_types) - {"full_attention"} else ()
+
+
+def _rope(
+    hf: dict[str, Any], theta: float = 10000.0, default: dict | None = None, partial: float | None = None
+) -> dict[str, Any]:
+    """The RoPE fields (``rope_theta``, ``rope_scaling``, ``yarn``, ``partial_rotary_factor``) of every
+    family, from transformers 5's ``rope_parameters`` or 4.x's top-level ``rope_theta`` and
+    ``rope_scaling`` (which wins where both are given). ``theta``: the family's default base;
+    ``default``: its RoPE parameters where config.json gives none; ``partial``: its default
+    ``partial_rotary_factor``, None where only 1 is supported. Types: ``default``, ``llama3``, ``yarn``."""
+    rope = dict(hf.get("rope_parameters") or {})
+    legacy = hf.get("rope_scaling")
+    if legacy:
+        rope.update(legacy)
+    if default and not hf.get("rope_parameters") and not legacy:
+        rope = dict(default)
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", theta)))
+    if legacy and "rope_type" not in legacy and "type" not in legacy:
+        raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    factor = float(
+        rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0 if partial is None else partial))
+    )
+    if factor != 1.0 and partial is None:
+        raise ConfigError("partial_rotary_factor != 1 is not supported outside Qwen3.5")
+    scaling = yarn = None
+    if rope_type == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        missing = [k for k in keys if k not in rope]
+        if missing:
+            raise ConfigError(f"llama3 rope scaling is missing {missing}")
+        scaling = tuple(sorted((k, float(rope[k])) for k in keys))
+    elif rope_type == "yarn":
+        if "factor" not in rope or "original_max_position_embeddings" not in rope:
+            raise ConfigError("yarn rope scaling needs 'factor' and 'original_max_position_embeddings'")
+        keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate")
+        keys += ("attention_factor", "mscale", "mscale_all_dim")
+        if "truncate" in rope:  # present but null reads as false in transformers
+            rope["truncate"] = bool(rope["truncate"])
+        yarn = tuple(sorted((k, float(rope[k])) for k in keys if rope.get(k) is not None))
+    elif rope_type != "default":
+        raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
+    return dict(rope_theta=theta, rope_scaling=scaling, yarn=yarn, partial_rotary_factor=factor)
+
+
+def _heads(hf: dict[str, Any], head_dim: int | None = None) -> tuple[int, int]:
+    """``(num_attention_heads, head_dim)``; ``head_dim``: the family's default, ``hidden_size //
+    num_attention_heads`` when None."""
+    heads = int(hf["num_attention_heads"])
+    return heads, int(hf.get("head_dim") or head_dim or hf["hidden_size"] // heads)
+
+
+def _shape(
+    hf: dict[str, Any],
+    num_layers: int,
+    heads: tuple[int, int],
+    kv_heads: int | None = None,
+    eps: float = 1e-6,
+    max_positions: int = 4096,
+    bias: bool = False,
+) -> dict[str, Any]:
+    """The fields every family reads alike. ``heads``: from ``_heads``; the others are the family's
+    defaults (``kv_heads``: the number of heads when None)."""
+    heads, head_dim = heads
+    bias = bool(hf.get("attention_bias", bias))
+    return dict(
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or kv_heads or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(hf.get("rms_norm_eps", eps)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", max_positions)),
+        qkv_bias=bias,
+        o_bias=bias,
+    )
+
+
+def _experts(moe: MoEConfig) -> MoEConfig | None:
+    """``moe`` checked; None where no layer has experts."""
+    if moe.layers and not 1 <= moe.experts_per_token <= moe.num_experts:
+        raise ConfigError(
+            f"num_experts_per_tok ({moe.experts_per_token}) must be between 1 and the number of experts "
+            f"({moe.num_experts})"
+        )
+    return moe if moe.layers else None
+
+
+# ----------------------------------------------------------------------------- weight names
+
+
+def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, tuple]:
+    """Map each HF tensor name to (our param path, transpose?[, piece]), for the checkpoint layout the
+    tensor names ``present`` show: PyTorch ``Linear`` weights are ``[out, in]`` (transpose swaps the
+    last two axes). ``piece``, where present, is the index (ints and slices) of the part of our
+    parameter the tensor fills: Qwen3-MoE checkpoints store each expert's ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` as its own tensor, which we stack into ``gate_up`` ``[E, d, 2F]`` and
+    ``down`` ``[E, F, d]``; in transformers 5's in-memory layout (which
+    ``save_pretrained(save_original_format=False)`` writes; read where ``present`` has
+    ``mlp.experts.gate_up_proj``) they are ``mlp.experts.gate_up_proj`` ``[E, 2F, d]`` (gate first)
+    and ``mlp.experts.down_proj`` ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``.
+    The language model's tensors live under ``model.``, or ``model.language_model.`` in Qwen3.5's
+    multimodal checkpoints (read where ``present`` has such names). Qwen3.5's linear-attention
+    layers: ``linear_attn.in_proj_{qkv,z,b,a}``, ``conv1d.weight`` ``[C, 1, K]`` (kept in that
+    layout), ``dt_bias``, ``A_log``, ``norm``, ``out_proj``.
+
+    The one place that names ``target.Target``'s parameters in Hugging Face's convention
+    (``checkpoint.load_hf_params`` reads through it)."""
+    fused = cfg.family in ("qwen3_moe", "qwen3_5_moe") and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
+    multimodal = cfg.family in HYBRID_FAMILIES and any(n.startswith("model.language_model.") for n in present)
+    prefix = "model.language_model." if multimodal else "model."
+    names: dict[str, tuple] = {f"{prefix}embed_tokens.weight": (("embedding",), False)}
+    names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = (("lm_head",), True)
+    for i in range(cfg.num_layers):
+        hf, ours = f"{prefix}layers.{i}.", (f"layers_{i}",)
+        names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
+        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
+        if cfg.is_linear(i):
+            names.update(_linear_attention_names(f"{hf}linear_attn.", (*ours, "linear_attn")))
+        else:
+            names.update(_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
+        if not cfg.is_moe(i):
+            for p in ("gate", "up", "down"):
+                names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
+        elif cfg.family == "gpt_oss":
+            moe = (*ours, "moe")
+            names[f"{hf}mlp.router.weight"] = ((*moe, "router"), True)
+            names[f"{hf}mlp.router.bias"] = ((*moe, "router_bias"), False)
+            for p in ("gate_up", "down"):
+                names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
+                names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
+        elif fused:  # qwen3_moe, qwen3_5_moe: transformers 5's fused layout
+            moe = (*ours, "moe")
+            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
+            names[f"{hf}mlp.experts.gate_up_proj"] = ((*moe, "gate_up"), True)
+            names[f"{hf}mlp.experts.down_proj"] = ((*moe, "down"), True)
+        else:  # qwen3_moe: one tensor per expert and projection
+            moe, f, whole = (*ours, "moe"), cfg.moe.intermediate_size, slice(None)
+            names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
+            for j in range(cfg.moe.num_experts):
+                expert = f"{hf}mlp.experts.{j}."
+                names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
+                names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
+                names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
+        if cfg.is_moe(i) and cfg.moe.shared_expert_size:
+            shared = (*ours, "moe", "shared_expert")
+            for p in ("gate", "up", "down"):
+                names[f"{hf}mlp.shared_expert.{p}_proj.weight"] = ((*shared, f"{p}_proj"), True)
+            names[f"{hf}mlp.shared_expert_gate.weight"] = ((*ours, "moe", "shared_expert_gate"), True)
+    return names
+
+
+def is_extra(cfg: TargetConfig, name: str) -> bool:
+    """Whether tensor ``name`` of a Hugging Face checkpoint is one the target does not use: rotary
+    ``inv_freq`` buffers (derived from the config, saved by old transformers versions), and
+    Qwen3.5's vision tower and multi-token-prediction head."""
+    skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
+    return skipped or name.endswith("rotary_emb.inv_freq")
+
+
+def _attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    names = {f"{hf}{p}_proj.weight": ((*ours, f"{p}_proj"), True) for p in "qkvo"}
+    if cfg.qkv_bias:
+        names.update({f"{hf}{p}_proj.bias": ((*ours, f"{p}_bias"), False) for p in "qkv"})
+    if cfg.o_bias:
+        names[f"{hf}o_proj.bias"] = ((*ours, "o_bias"), False)
+    if cfg.qk_norm:
+        names[f"{hf}q_norm.weight"] = ((*ours, "q_norm", "scale"), False)
+        names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
+    if cfg.attention_sinks:
+        names[f"{hf}sinks"] = ((*ours, "sinks"), False)
+    return names
+
+
+def _linear_attention_names(hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    names = {f"{hf}{p}.weight": ((*ours, p), True) for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")}
+    names[f"{hf}out_proj.weight"] = ((*ours, "out_proj"), True)
+    names[f"{hf}conv1d.weight"] = ((*ours, "conv_weight"), False)  # [C, 1, K], kept in that layout
+    names.update({f"{hf}{p}": ((*ours, p), False) for p in ("dt_bias", "A_log")})
+    names[f"{hf}norm.weight"] = ((*ours, "norm"), False)
+    return names
