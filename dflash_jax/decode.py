@@ -409,6 +409,20 @@ class GenerationResult:
         return float(np.mean(self.acceptance_lengths)) if self.acceptance_lengths else 0.0
 
 
+# Compiled (prefill, loop) pairs shared by every Decoder of this process with the same static settings
+# (``Decoder._shared_key``), so that a new Decoder for the same target and plan (a bench arm, a test)
+# neither traces nor compiles again. The oldest are dropped past MAX_SHARED_EXECUTABLES.
+_EXECUTABLES: dict = {}
+MAX_SHARED_EXECUTABLES = 64
+
+
+def _signature(tree) -> tuple:
+    """A parameter pytree's structure and its leaves' shapes, dtypes and shardings (what compiled code
+    was specialised to; the values are arguments)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return str(treedef), tuple((np.shape(x), str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
+
+
 def _on_device(tree):
     """``tree`` with numpy leaves moved to the default device (jax arrays are left where they are)."""
     return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree)
@@ -531,10 +545,31 @@ class Decoder:
         key = (shape, num_stop, stream)
         if key in self._compiled:
             return (*self._compiled[key], 0.0)
+        shared = None if stream else self._shared_key(shape, num_stop)  # a stream's loop calls back to self
+        if shared is not None and shared in _EXECUTABLES:
+            self._compiled[key] = _EXECUTABLES[shared]
+            return (*self._compiled[key], 0.0)
         if self.mesh is not None:
             with axis_rules(), jax.set_mesh(self.mesh):
-                return self._compile(shape, num_stop, key)
-        return self._compile(shape, num_stop, key)
+                out = self._compile(shape, num_stop, key)
+        else:
+            out = self._compile(shape, num_stop, key)
+        if shared is not None:
+            _EXECUTABLES[shared] = self._compiled[key]
+            while len(_EXECUTABLES) > MAX_SHARED_EXECUTABLES:
+                _EXECUTABLES.pop(next(iter(_EXECUTABLES)))  # the oldest first
+        return out
+
+    def _shared_key(self, shape: LoopShape, num_stop: int):
+        """What the compiled prefill and loop depend on, as a hashable key (None if unhashable): every
+        ``Decoder`` of equal static settings and parameter signatures shares one compilation."""
+        key = (self.cfg, self.drafter, self.sampling, self.mesh, shape, num_stop)
+        key += (_signature(self.params), _signature(self.drafter_params))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def _compile(self, shape: LoopShape, num_stop: int, key):
         t0 = time.perf_counter()
@@ -542,12 +577,12 @@ class Decoder:
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         pre = jax.jit(partial(prefill, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling))
         args = (self.params, self.drafter_params, i32(b, p), i32(b), i32(b), i32(num_stop), i32(b))
-        pre_c = pre.lower(*args).compile()
-        # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh)
+        lowered = pre.lower(*args)
+        pre_c = lowered.compile()
+        # the loop takes the state exactly as the compiled prefill lays it out (matters on a mesh);
+        # its shapes come from the lowering, not from tracing prefill a second time
         state_abstract = jax.tree.map(
-            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-            jax.eval_shape(pre, *args),
-            pre_c.output_shardings,
+            lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), lowered.out_info, pre_c.output_shardings
         )
         on_round = self._on_round if key[2] else None
         loop = jax.jit(

@@ -85,3 +85,18 @@ def eval_prompts(n: int, dataset: str = "gsm8k") -> list[str]:
     key = {"gsm8k": "question", "math500": "problem"}[dataset]
     suffix = "\nPlease reason step by step, and put your final answer within \\boxed{}."
     return [r[key] + suffix for r in rows[:n]]
+
+
+@pytest.fixture(autouse=True)
+def _executables_compiled_afresh_under_monkeypatch(request):
+    """Decoders share compiled code by their static settings (``decode._EXECUTABLES``); a test that
+    patches the code a Decoder compiles (a fault injected to prove a check has teeth) must compile
+    its own, and must not leave its patched executables to the tests after it."""
+    if "monkeypatch" not in request.fixturenames:
+        yield
+        return
+    from dflash_jax import decode
+
+    decode._EXECUTABLES.clear()
+    yield
+    decode._EXECUTABLES.clear()

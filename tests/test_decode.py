@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -31,6 +32,26 @@ def test_batch_equals_transformers_and_single(qwen3):
         assert r.token_ids == _hf_greedy(hf, p, 24)
         assert r.acceptance_lengths == [1] * 23  # the first token comes from prefill
         assert dec.generate([p], 24)[0].token_ids == r.token_ids
+
+
+def test_decoders_of_equal_settings_share_their_compilation(qwen3, tiny_models):
+    """A second Decoder for the same target and plan compiles nothing (``decode._EXECUTABLES``) and
+    decodes the same tokens; one with other parameters of the same shapes reuses the compilation but
+    decodes with its own values; another plan compiles its own."""
+    from dflash_jax.ngram import NgramStep
+    from dflash_jax.speculation import make_plan
+
+    _, dec = qwen3
+    ck = checkpoint.load_target(tiny_models["qwen3"][2])
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    first = dec.generate([prompt], 12)[0]
+    again = Decoder(ck.params, ck.cfg).generate([prompt], 12)[0]
+    assert again.compile_s == 0.0 and again.token_ids == first.token_ids
+    zeros = jax.tree.map(np.zeros_like, ck.params)
+    other = Decoder(zeros, ck.cfg).generate([prompt], 12)[0]
+    assert other.compile_s == 0.0 and other.token_ids == [0] * 12  # all logits equal: argmax picks token 0
+    lookup = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=4))).generate([prompt], 12)[0]
+    assert lookup.compile_s > 0.0 and lookup.token_ids == first.token_ids
 
 
 def test_hybrid_target_batch_equals_transformers(tiny_models):
