@@ -567,7 +567,7 @@ def cmd_prepare_features(args) -> None:
     enable_compilation_cache()
     ck = checkpoint.load_target(c.target, dtype=c.train.compute_dtype)
     dcfg = drafter_config(c, ck.cfg, ck.tokenizer())
-    ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
+    ds = data.TokenDataset(c.data, max_shards=c.data_shards or None)
     t0 = time.perf_counter()
     folder = prepare.write_features(
         ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype, batch_size=args.batch_size

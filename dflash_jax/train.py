@@ -42,7 +42,7 @@ from dflash_jax.errors import CheckpointError, ConfigError, DataError
 from dflash_jax.sharding import make_mesh
 from dflash_jax.speculation import make_plan
 from dflash_jax.tokens import stop_ids
-from dflash_jax.train_config import BEST_BY, drafter_config, fingerprint, run_identity
+from dflash_jax.train_config import BEST_BY, TrainConfig, drafter_config, fingerprint, run_identity
 from dflash_jax.train_step import eval_stats, make_optimizer, make_schedule, sharded_step, summarise
 from dflash_jax.utils import atomic_write_text, differences, enable_compilation_cache, read_jsonl
 
@@ -56,7 +56,7 @@ class Trainer:
     ``dflash-jax generate --drafter`` loads.
 
     Args (construction):
-      c: a config from ``train_config.load_config`` (validated there).
+      c: the run's config (``train_config.load_config``; checked there).
       log: where progress lines go.
 
     Raises (on construction):
@@ -66,11 +66,11 @@ class Trainer:
         checkpoint in ``out_dir`` from another model, data or config (nothing is overwritten).
     """
 
-    def __init__(self, c, log=print):
+    def __init__(self, c: TrainConfig, log=print):
         enable_compilation_cache()
         self.c, self.log = c, log
         t = c.train
-        self.mesh = make_mesh(tuple(c.get("mesh", (1, 1, 1))))
+        self.mesh = make_mesh(c.mesh)
         _check_batch_layout(c, self.mesh)  # a bad layout fails before anything is loaded
         self.out = Path(c.out_dir)
         if self.out.exists() and not self.out.is_dir():
@@ -86,8 +86,8 @@ class Trainer:
         self.rows = pipeline.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None
         buckets = None
-        if t.get("length_buckets"):
-            buckets = pipeline.bucket_lengths(tuple(t.length_buckets), t.max_len)
+        if t.length_buckets:
+            buckets = pipeline.bucket_lengths(t.length_buckets, t.max_len)
             self.batches = pipeline.bucketed_batches(
                 self.ds,
                 self.train_idx,
@@ -115,11 +115,11 @@ class Trainer:
             num_anchors=t.num_anchors,
             gamma=t.gamma,
             anchor_chunk=t.anchor_chunk,
-            loss_offsets=t.get("loss_offsets", 0),
-            remat=t.get("remat", True),
+            loss_offsets=t.loss_offsets,
+            remat=t.remat,
         )
         params = init_drafter_params(self.dcfg, seed=c.seed)
-        if c.get("init_from"):
+        if c.init_from:
             params = self._initial_weights(c.init_from, params)
         self._step, param_sh, self.batch_sh, opt_sh = sharded_step(
             self.mesh,
@@ -128,8 +128,8 @@ class Trainer:
             opt=self.opt,
             **kw,
             stored_features=self.features is not None,
-            selector_alpha=t.get("selector_alpha", 1.0),
-            selector_stop_grad=t.get("selector_stop_grad", False),
+            selector_alpha=t.selector_alpha,
+            selector_stop_grad=t.selector_stop_grad,
         )
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)
@@ -144,7 +144,7 @@ class Trainer:
         """The token dataset (complete, large enough, of this target's tokenizer) and, with
         ``train.stored_features``, its stored target features."""
         c = self.c
-        self.ds = data.TokenDataset(c.data, max_shards=c.get("data_shards") or None)
+        self.ds = data.TokenDataset(c.data, max_shards=c.data_shards or None)
         if not self.ds.complete:
             raise DataError(
                 f"{c.data} is incomplete ({len(self.ds.shards)} shards so far): if prepare-data is still "
@@ -161,7 +161,7 @@ class Trainer:
             raise DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
         self.features = None  # stored target features (train.stored_features): the step skips the target forward
         self.features_width = len(self.dcfg.target_layer_ids) * self.tcfg.hidden_size
-        if c.train.get("stored_features"):
+        if c.train.stored_features:
             self.features = data.FeatureStore(
                 data.features_folder(c.data, self.target.identity, self.dcfg.target_layer_ids, c.train.compute_dtype),
                 self.ds,
@@ -172,7 +172,7 @@ class Trainer:
         """``within`` of ``pipeline.split_indices``: ``eval.val_within_shards`` keeps an earlier
         stage's held-out answers (None: drawn from all sequences)."""
         c = self.c
-        k = c.eval.get("val_within_shards")
+        k = c.eval.val_within_shards
         if not k:
             return None
         if k > len(self.ds.shards):
@@ -240,10 +240,9 @@ class Trainer:
     def best_score(self, rec: dict) -> float:
         """The number ``best/`` minimises (``eval.best_by``, ``train_config.BEST_BY``): ``loss``, the
         objective trained (the block loss, plus DFlash 2's weighted selector loss); a tau, negated."""
-        tau = BEST_BY[self.c.eval.get("best_by", "loss")]
+        tau = BEST_BY[self.c.eval.best_by]
         if tau is None:
-            t = self.c.train
-            return rec.get("val_loss", math.inf) + t.get("selector_alpha", 1.0) * rec.get("val_selector_loss", 0.0)
+            return rec.get("val_loss", math.inf) + self.c.train.selector_alpha * rec.get("val_selector_loss", 0.0)
         return -rec.get(tau, -math.inf)
 
     def save(self):
@@ -253,7 +252,7 @@ class Trainer:
             "step": self.step,
             "data_position": self.step,
             "best_val_loss": self.best,  # the best score (eval.best_by; the name from when it was the loss)
-            "best_by": self.c.eval.get("best_by", "loss"),
+            "best_by": self.c.eval.best_by,
         }
         self.ckpt.save(
             self.step, args=ocp.args.Composite(state=ocp.args.StandardSave(self._state()), meta=ocp.args.JsonSave(meta))
@@ -315,8 +314,8 @@ class Trainer:
         state = self.ckpt.restore(last, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
         self.params, self.opt_state, self.rng = state["params"], state["opt_state"], state["rng"]
         self.step, self.best = int(state["step"]), float(meta.get("best_val_loss", math.inf))
-        if meta.get("best_by", "loss") != self.c.eval.get("best_by", "loss"):  # a new criterion: best/ starts over
-            self.log(f"eval.best_by is now {self.c.eval.get('best_by', 'loss')!r}: the next validation writes best/")
+        if meta.get("best_by", "loss") != self.c.eval.best_by:  # a new criterion: best/ starts over
+            self.log(f"eval.best_by is now {self.c.eval.best_by!r}: the next validation writes best/")
             self.best = math.inf
         self.log(f"resumed {self.out} at step {self.step}")
 
@@ -481,7 +480,7 @@ def _with_missing(tree: dict, fill: dict) -> dict:
     return out
 
 
-def _check_batch_layout(c, mesh) -> None:
+def _check_batch_layout(c: TrainConfig, mesh) -> None:
     """The batch must split into ``grad_accum`` micro-batches, each over ``data`` x ``fsdp``, and
     the anchors into chunks.
 
@@ -500,5 +499,5 @@ def _check_batch_layout(c, mesh) -> None:
     if micro % shards:
         raise ConfigError(
             f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
-            f"of data x fsdp = {shards} of mesh {tuple(c.mesh)}"
+            f"of data x fsdp = {shards} of mesh {c.mesh}"
         )

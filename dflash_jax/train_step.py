@@ -20,7 +20,9 @@ from dflash_jax.sharding import axis_rules, batch_shardings, logical_to_sharding
 
 
 def make_schedule(t) -> optax.Schedule:
-    """Learning rate: linear warmup over ``warmup_frac * steps``, then cosine decay to 0 at ``steps``."""
+    """Learning rate: linear warmup over ``warmup_frac * steps``, then cosine decay to 0 at ``steps``.
+
+    ``t``: the ``train`` settings (``train_config.TrainSettings``: ``lr``, ``warmup_frac``, ``steps``)."""
     warmup = max(1, int(round(t.warmup_frac * t.steps)))
     return optax.warmup_cosine_decay_schedule(
         0.0, t.lr, warmup_steps=warmup, decay_steps=max(t.steps, warmup + 1), end_value=0.0
@@ -33,12 +35,14 @@ def make_optimizer(t) -> optax.GradientTransformation:
     With ``t.copy_bias_lr`` (> 0) the drafter's copy-bias table (``drafter.copy_prior``, logit
     units, where Adam's steps of about ``lr`` would take thousands of updates to move it by one)
     has its own peak learning rate on the same schedule (its AdamW updates scaled by
-    ``copy_bias_lr / lr``)."""
+    ``copy_bias_lr / lr``).
+
+    ``t``: the ``train`` settings (``train_config.TrainSettings``; every field but the loss's read)."""
     parts = [
         optax.clip_by_global_norm(t.grad_clip),
         optax.adamw(make_schedule(t), b1=t.b1, b2=t.b2, weight_decay=t.weight_decay),
     ]
-    if t.get("copy_bias_lr"):
+    if t.copy_bias_lr:
         ratio = t.copy_bias_lr / t.lr
         parts.append(optax.stateless(lambda u, params=None: {**u, "copy_bias": u["copy_bias"] * ratio}))
     return optax.chain(*parts)

@@ -9,6 +9,7 @@ object through ``json_sha256``, so that each rule lives in one place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import hashlib
 import json
@@ -54,9 +55,13 @@ def short(value, width: int = 24) -> str:
 def differences(old, new, prefix: str = "", width: int | None = None) -> list[str]:
     """``key: old -> new`` for every leaf that differs between two JSON-like trees.
 
-    A nested dict's leaves are named by dotted keys (``target.tokenizer_sha256``); with ``width``,
-    each value is cut to that many characters (``short``).
+    A nested dict's leaves are named by dotted keys (``target.tokenizer_sha256``); a dataclass
+    instance (a ``train_config.TrainConfig``, its sections) compares as the dict of its fields; with
+    ``width``, each value is cut to that many characters (``short``).
     """
+    old, new = (
+        dataclasses.asdict(x) if dataclasses.is_dataclass(x) and not isinstance(x, type) else x for x in (old, new)
+    )
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new)):

@@ -48,7 +48,9 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
     enable_compilation_cache()
     ck = checkpoint.load_target(hub.SMOLLM2)
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=16)
-    t = ConfigDict(dict(lr=6e-4, warmup_frac=0.04, steps=1000, grad_clip=1.0, b1=0.9, b2=0.999, weight_decay=0.0))
+    t = ConfigDict(
+        dict(lr=6e-4, warmup_frac=0.04, steps=1000, grad_clip=1.0, b1=0.9, b2=0.999, weight_decay=0.0, copy_bias_lr=0.0)
+    )
     opt = make_optimizer(t)
     params = init_drafter_params(dcfg, 0)
     state = opt.init(params)
@@ -101,7 +103,18 @@ def recipe_worker(steps: int) -> dict:
     ck = checkpoint.load_target(hub.SMOLLM2)
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=2, block_size=16, mask_token_id=16, target_layer_ids=(1, 14, 27))
     opt = make_optimizer(
-        ConfigDict(dict(lr=1.5e-3, warmup_frac=0.04, steps=600, grad_clip=1.0, b1=0.9, b2=0.999, weight_decay=0.0))
+        ConfigDict(
+            dict(
+                lr=1.5e-3,
+                warmup_frac=0.04,
+                steps=600,
+                grad_clip=1.0,
+                b1=0.9,
+                b2=0.999,
+                weight_decay=0.0,
+                copy_bias_lr=0.0,
+            )
+        )
     )
     rs = np.random.RandomState(0)
     batch = {

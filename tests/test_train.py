@@ -855,19 +855,19 @@ def test_stage2_recipe_continues_stage1_with_the_same_drafter():
     one = load_config(ROOT / "configs" / "smollm2_135m_cpu.py")
     two = load_config(ROOT / "configs" / "smollm2_135m_cpu_v2.py")
     assert two.init_from == one.out_dir + "/best" and two.out_dir != one.out_dir
-    assert two.drafter.to_dict() == one.drafter.to_dict()
+    assert two.drafter == one.drafter
     assert two.data == one.data and two.data_shards > one.data_shards
     assert two.train.loss_offsets == 8 and two.train.max_len == one.train.max_len
     three = load_config(ROOT / "configs" / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
     assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
-    assert three.drafter.to_dict() == two.drafter.to_dict() and three.data_shards >= two.data_shards
+    assert three.drafter == two.drafter and three.data_shards >= two.data_shards
     assert three.train.remat is False and one.train.remat is True
     four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
-    assert four.init_from == three.out_dir + "/best" and four.drafter.to_dict() == three.drafter.to_dict()
+    assert four.init_from == three.out_dir + "/best" and four.drafter == three.drafter
     assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
     assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
     five = load_config(ROOT / "configs" / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
-    assert five.init_from == four.out_dir + "/best" and five.drafter.to_dict() == four.drafter.to_dict()
+    assert five.init_from == four.out_dir + "/best" and five.drafter == four.drafter
     assert five.data_shards > four.data_shards and five.eval.val_within_shards == four.eval.val_within_shards
     assert (five.eval.val_size, five.seed) == (four.eval.val_size, four.seed)
 
@@ -1094,7 +1094,7 @@ def test_the_copy_bias_table_has_its_own_learning_rate():
     grads = {"copy_bias": jnp.full((2, 3), 0.5), "fc": jnp.full((4,), -0.5)}
     plain = make_optimizer(t)
     assert len(plain.init(params)) == 2  # clip, AdamW
-    t.copy_bias_lr = 0.1
+    t = dataclasses.replace(t, copy_bias_lr=0.1)  # a frozen TrainSettings: a checked copy
     opt = make_optimizer(t)
     state = opt.init(params)
     for _ in range(3):
