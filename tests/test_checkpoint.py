@@ -32,6 +32,34 @@ def test_roundtrip_identity_and_dtypes(tiny_models):
     )
 
 
+def test_the_tokenizer_equals_autotokenizers_for_every_family(tiny_models):
+    """``TargetCheckpoint.tokenizer`` (the generic fast tokenizer, no PyTorch import) is what
+    ``AutoTokenizer`` builds from the same folder: vocabulary, special tokens, chat template, and the
+    ids of a chat and of plain text, decoded back alike; with no tokenizer.json it is AutoTokenizer's."""
+    from transformers import AutoTokenizer
+
+    text = "Hello world: 7 * 6 = 42, naïve café; <tool> \n end"
+    chat = [{"role": "user", "content": text}]
+    families = [*tiny_models, "smollm2"]
+    for family in families:
+        path = hub_path() if family == "smollm2" else tiny_models[family][2]
+        ours, ref = checkpoint.load_target(path).tokenizer(), AutoTokenizer.from_pretrained(str(path))
+        assert ours.get_vocab() == ref.get_vocab() and ours.all_special_tokens == ref.all_special_tokens, family
+        assert ours.chat_template == ref.chat_template, family
+        assert ours(text)["input_ids"] == ref(text)["input_ids"], family
+        if ref.chat_template:
+            got = ours.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            assert got == ref.apply_chat_template(chat, add_generation_prompt=True, tokenize=True), family
+        ids = ref(text)["input_ids"]
+        assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True), family
+
+
+def hub_path():
+    from dflash_jax import hub
+
+    return checkpoint.resolve_target(hub.SMOLLM2)
+
+
 def test_sharded_load(tiny_models):
     _, _, path = tiny_models["qwen3"]
     mesh = make_mesh((2, 2, 2))
