@@ -300,13 +300,13 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
 
 
 def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
-    """launch/show_rounds.py: round starts follow the prefill token, and its position table's
+    """experiments/show_rounds.py: round starts follow the prefill token, and its position table's
     figures are the hand-computed ones (by looping and loop-free answers)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     import show_rounds
 
     assert show_rounds.rounds([3, 1, 2]) == [(1, 3), (4, 1), (5, 2)]  # token 0 comes from the prefill
@@ -357,12 +357,12 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
 
 
 def test_plot_stages_compares_stages_on_common_turns(tmp_path, capsys):
-    """launch/plot_stages.py: tau is recomputed on the turns every stage's bench has, steps add up
+    """experiments/plot_stages.py: tau is recomputed on the turns every stage's bench has, steps add up
     along each stage's best step, and a stage with another objective or held-out split gets no loss."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     import plot_stages
 
     data = tmp_path / "data"

@@ -27,6 +27,7 @@ from dflash_jax.train_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "smollm2_135m.py")
+STAGES = ROOT / "experiments" / "smollm2"  # the SmolLM2 drafter's training stages and studies
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +215,11 @@ def test_trained_drafter_consistent_with_decoder(trained):
 
 
 def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
-    """launch/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
+    """experiments/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
     acceptance are the decoder's rounds on the same answer (the target's own greedy answer); and
-    launch/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
+    experiments/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
     drafter (over the whole vocabulary and over a draft vocabulary) and for prompt lookup."""
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from anchor_acceptance import acceptance_at_anchors, simulated_rounds
     from study_tau import drafter_rounds, ngram_rounds
 
@@ -259,10 +260,10 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
 
 
 def test_study_tau_runs_a_copy_bias_drafter_at_a_smaller_block(tiny):
-    """launch/study_tau.py at block 4 with a block-8 copy-bias drafter (its table cut to the block,
+    """experiments/study_tau.py at block 4 with a block-8 copy-bias drafter (its table cut to the block,
     ``at_block_size``): the rounds of a decode with ``block_size=4``, but for the last one (where
     the decoder hides offsets past the length limit from the drafter)."""
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from study_tau import at_block_size, drafter_rounds
 
     ck, folder = tiny
@@ -850,23 +851,23 @@ def test_recipe_configs_load_with_the_public_settings(name):
 
 
 def test_stage2_recipe_continues_stage1_with_the_same_drafter():
-    """configs/smollm2_135m_cpu_v2.py must start from stage 1's output with stage 1's drafter
+    """experiments/smollm2/smollm2_135m_cpu_v2.py must start from stage 1's output with stage 1's drafter
     fields (``init_from`` refuses anything else), on more data."""
-    one = load_config(ROOT / "configs" / "smollm2_135m_cpu.py")
-    two = load_config(ROOT / "configs" / "smollm2_135m_cpu_v2.py")
+    one = load_config(STAGES / "smollm2_135m_cpu.py")
+    two = load_config(STAGES / "smollm2_135m_cpu_v2.py")
     assert two.init_from == one.out_dir + "/best" and two.out_dir != one.out_dir
     assert two.drafter.to_dict() == one.drafter.to_dict()
     assert two.data == one.data and two.data_shards > one.data_shards
     assert two.train.loss_offsets == 8 and two.train.max_len == one.train.max_len
-    three = load_config(ROOT / "configs" / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
+    three = load_config(STAGES / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
     assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
     assert three.drafter.to_dict() == two.drafter.to_dict() and three.data_shards >= two.data_shards
     assert three.train.remat is False and one.train.remat is True
-    four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
+    four = load_config(STAGES / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
     assert four.init_from == three.out_dir + "/best" and four.drafter.to_dict() == three.drafter.to_dict()
     assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
     assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
-    five = load_config(ROOT / "configs" / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
+    five = load_config(STAGES / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
     assert five.init_from == four.out_dir + "/best" and five.drafter.to_dict() == four.drafter.to_dict()
     assert five.data_shards > four.data_shards and five.eval.val_within_shards == four.eval.val_within_shards
     assert (five.eval.val_size, five.seed) == (four.eval.val_size, four.seed)
@@ -1231,7 +1232,7 @@ def test_dflash2_objective_and_its_stop_gradient(tiny):
 def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(trained, tiny, tmp_path):
     """A DFlash 2 run continues a trained DFlash drafter (``init_from``: its backbone; convolutions
     from the identity, a fresh selector): at step 0 its block loss is the DFlash drafter's; training
-    lowers the selector loss; it logs the selector metrics and resumes; launch/study_tau.py's rounds
+    lowers the selector loss; it logs the selector metrics and resumes; experiments/study_tau.py's rounds
     (the selector's walk) are the decoder's; its exported folder loads in the reference's
     DFlash2DraftModel."""
     import torch
@@ -1257,11 +1258,11 @@ def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(tra
     assert {"selector_loss", "selector_acc", "topk_coverage"} <= rows[0].keys()
     assert last["val_selector_loss"] < 0.97 * float(first["val_selector_loss"])
     assert 0 < last["val_selector_acc"] <= last["val_topk_coverage"] <= 1
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from study_tau import drafter_rounds
 
     dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(again.dcfg, ck.cfg), again.params))
-    for j in again.val_idx[:2]:  # launch/study_tau.py walks the selector as the decoder does
+    for j in again.val_idx[:2]:  # experiments/study_tau.py walks the selector as the decoder does
         full = np.asarray(data.TokenDataset(folder)[int(j)][0]).tolist()
         first = int(np.argmax(np.asarray(data.TokenDataset(folder)[int(j)][1])))
         got = dec.generate([full[:first]], len(full) - first)[0]
