@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,15 +205,14 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert (
         "| gsm8k | 4 | 3 |" in printed and "| gsm8k | ngram | 3 |" in printed and "| gsm8k | default | 3 |" in printed
     )
-    # launch/bench_report.py writes the same report again from the records file alone
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-    import bench_report
-
-    again = bench_report.write(out.with_suffix(".records.jsonl"), tmp_path / "again" / "r.json")
-    assert (
-        json.loads(json.dumps(again["table"])) == rep["table"]
-        and (tmp_path / "again" / "r.md").read_text() == out.with_suffix(".md").read_text()
-    )
+    # dflash-jax bench-report writes the same report again from the records file alone
+    main(["bench-report", str(out.with_suffix(".records.jsonl")), "--out", str(tmp_path / "again" / "r.json")])
+    again = json.loads((tmp_path / "again" / "r.json").read_text())
+    assert again["table"] == rep["table"] and again["records"] == rep["records"]
+    assert (tmp_path / "again" / "r.md").read_text() == out.with_suffix(".md").read_text()
+    assert "| gsm8k | 4 | 3 |" in capsys.readouterr().out  # the table, printed
+    with pytest.raises(SystemExit, match="^error: .*is not a bench records file"):  # one line, no traceback
+        main(["bench-report", str(out), "--out", str(tmp_path / "bad" / "r.json")])
 
     # resume after a kill: keep the header and two records, the rerun measures only the rest
     records = out.with_suffix(".records.jsonl")

@@ -338,35 +338,30 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
     assert cut["stop"] >= 1 and cut["limit"] >= 1, cut
 
 
-def test_plot_metrics(trained, tmp_path):
+def test_plot_run(trained, tmp_path, capsys):
+    """dflash-jax plot-run: a run's metrics as a PNG, from its folder or its metrics.jsonl; one-line errors."""
+    from dflash_jax.cli import main
+
     _, _, out, _, _ = trained
     png = tmp_path / "m.png"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl"), "--out", str(png)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    main(["plot-run", str(out), "--out", str(png)])
+    assert capsys.readouterr().out.strip() == str(png)
     assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "empty.jsonl").write_text('{"step": 1, "lo')  # cut by a kill: no metrics
+    for bad in (tmp_path / "missing", tmp_path / "empty.jsonl"):
+        with pytest.raises(SystemExit, match="^error: .*(no such file|holds no training metrics)"):
+            main(["plot-run", str(bad)])
 
 
 def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_path):
-    """launch/ship_drafter.py: released-format files that load back to the run's drafter, the run's
+    """dflash-jax ship-drafter: released-format files that load back to the run's drafter, the run's
     record, and an earlier stage counted in the summary and the README."""
+    from dflash_jax.cli import main
     from dflash_jax.drafter_io import load_drafter
 
     _, folder, out, trainer, _ = trained
-    ship = [
-        sys.executable,
-        str(ROOT / "launch" / "ship_drafter.py"),
-        str(out),
-        "--out",
-        str(tmp_path / "a"),
-        "--command",
-        "TRAIN-COMMAND",
-    ]
-    r = subprocess.run(ship + ["--earlier-stage", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
+    ship = ["ship-drafter", str(out), "--out", str(tmp_path / "a"), "--command", "TRAIN-COMMAND"]
+    main(ship + ["--earlier-stage", str(out)])
     a = tmp_path / "a"
     assert {p.name for p in a.iterdir()} >= {
         "config.json",
@@ -385,17 +380,15 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert cfg.to_released() == trainer.dcfg.to_released()
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(best)):  # bfloat16 copies of the best drafter
         np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=1e-2, atol=1e-2)
-    r = subprocess.run(
-        ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True, text=True
-    )
-    assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit, match="^error: .*not the drafter inside it"):
+        main(ship[:3] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")])
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit, match="^error: .*exists"):  # an existing folder only with --overwrite
+        main(ship + ["--earlier-stage", str(out)])
     # a stage continuing a shipped folder: its steps, hours and commands carried on
     c = tmp_path / "c"
     vocab = ["--draft-vocab", str(folder), "--draft-vocab-size", "40"]  # and a draft vocabulary counted on the data
-    r = subprocess.run(
-        ship[:4] + [str(c), "--command", "NEXT", "--continues", str(a), *vocab], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    main(ship[:3] + [str(c), "--command", "NEXT", "--continues", str(a), *vocab])
     from dflash_jax.drafter_io import read_draft_vocab
 
     ids = read_draft_vocab(c)
@@ -407,8 +400,16 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert info_c["total_steps"] == 1500 and info_c["earlier_stages"][0]["run"] == f"{a} as shipped before"
     readme_c = (c / "README.md").read_text()
     assert readme_c.index("TRAIN-COMMAND") < readme_c.index("NEXT") and f"--continues {a}" in readme_c
-    r = subprocess.run(ship[:4] + [str(tmp_path / "d"), "--continues", str(out)], capture_output=True, text=True)
-    assert r.returncode != 0 and "give a folder made by this script" in r.stderr
+    with pytest.raises(SystemExit, match="^error: .*give a folder made by dflash-jax ship-drafter"):
+        main(ship[:3] + [str(tmp_path / "d"), "--continues", str(out)])
+    # the draft vocabulary alone, for a folder shipped without one: dflash-jax draft-vocab
+    main(["draft-vocab", str(folder), "--write", str(a), "--size", "24", "--sizes", "8", "16"])
+    assert read_draft_vocab(a)[:24].tolist() == ids[:24].tolist()  # the same counts, the first 24
+    assert json.loads((a / "draft_vocab.json").read_text())["command"].startswith("dflash-jax draft-vocab")
+    with pytest.raises(SystemExit, match="^error: .*not a drafter folder"):
+        main(["draft-vocab", str(folder), "--write", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit, match="^error: .*draft vocabulary size"):
+        main(["draft-vocab", str(folder), "--write", str(a), "--size", str(10**7)])
 
 
 # --- length buckets ----------------------------------------------------------------------------
@@ -645,12 +646,8 @@ def test_short_training_run_on_smollm2(tmp_path, capsys):
     assert [r["step"] for r in rows] == list(range(1, 7)) and "val_decode_tau" in rows[-1]
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert sorted(p.name for p in (out / "ckpt").iterdir() if p.name.isdigit()) == ["3", "6"]
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0 and (out / "metrics.png").stat().st_size > 20_000
+    main(["plot-run", str(out / "metrics.jsonl")])
+    assert (out / "metrics.png").stat().st_size > 20_000
     capsys.readouterr()
     main(
         [
