@@ -22,8 +22,8 @@ demo: $(STAMP)
 
 # lint (ruff), the import floors (import-linter, pyproject.toml), then the test-suite
 lint: $(STAMP)
-	$(VENV)/bin/ruff check dflash_jax tests launch configs
-	$(VENV)/bin/ruff format --check dflash_jax tests launch configs
+	$(VENV)/bin/ruff check dflash_jax tests launch configs experiments
+	$(VENV)/bin/ruff format --check dflash_jax tests launch configs experiments
 	$(VENV)/bin/lint-imports
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist, tests handed out as workers free up):

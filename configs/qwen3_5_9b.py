@@ -7,7 +7,7 @@ dflash-jax prepare-data --target ckpt/qwen3_5_9b --out data/qwen3_5_9b \\
     --prompts ../shared/data/train/gsm8k_train.jsonl
 dflash-jax train --config configs/qwen3_5_9b.py
 
-Per-device memory on this mesh: launch/memory_plan.py --target qwen3_5_9b (docs/BENCHMARKS.md).
+Per-device memory on this mesh: experiments/memory_plan.py --target qwen3_5_9b (docs/BENCHMARKS.md).
 """
 
 from _recipe import recipe

@@ -6,7 +6,7 @@ dflash-jax prepare-data --target ckpt/qwen3_coder_30b_a3b --out data/qwen3_coder
     --prompts ../shared/data/train/code_alpaca_2k.json
 dflash-jax train --config configs/qwen3_coder_30b_a3b.py
 
-Per-device memory of the parameters on this mesh: launch/memory_plan.py --target qwen3_coder_30b_a3b
+Per-device memory of the parameters on this mesh: experiments/memory_plan.py --target qwen3_coder_30b_a3b
 (docs/BENCHMARKS.md, "Memory plans").
 """
 

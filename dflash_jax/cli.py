@@ -1,7 +1,8 @@
 """dflash-jax: DFlash speculative decoding and drafter training in JAX.
 
 Subcommands: convert, generate, bench, demo, prepare-data, prepare-features, train,
-export-drafter, import-drafter. This module only parses arguments and calls the library.
+export-drafter, import-drafter; and on what those leave (``tools``): draft-vocab, plot-run,
+ship-drafter, bench-report. This module only parses arguments and calls the library.
 
 Progress and logs go to stderr; ``--json`` output goes to stdout (one object per prompt).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts, speculation
+from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts, speculation, tools
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import check_fits
 from dflash_jax.drafter_io import (
@@ -376,7 +377,106 @@ def build_parser() -> argparse.ArgumentParser:
         "the kind the shipped drafter was trained on; not from its data)",
     )
     d.add_argument("--max-new-tokens", type=int, default=192, help="new tokens at most")
+    _add_tool_parsers(sub)
     return ap
+
+
+def _add_tool_parsers(sub) -> None:
+    """The subcommands that work on what the others leave behind (``dflash_jax.tools``)."""
+    v = sub.add_parser(
+        "draft-vocab",
+        help="a drafter's draft vocabulary: the most frequent answer tokens of a prepare-data folder",
+        description="Count the answer tokens of a prepare-data folder's shards. Prints how much of held-out "
+        "answers (shard 0) the N most frequent tokens of the other shards cover, for each N of --sizes (with 2 "
+        "or more shards). With --write DRAFTER, stores the --size most frequent tokens, counted on every shard, "
+        "as that drafter's draft vocabulary (draft_vocab.json): generate, bench and demo then draft over those "
+        "tokens only (their --draft-vocab N takes the first N; decoding stays lossless).",
+    )
+    v.add_argument("data", metavar="DATA", help="a prepare-data folder (its shard_*/ folders)")
+    v.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[2048, 4096, 8192, 16384],
+        metavar="N",
+        help="vocabulary sizes of the coverage table (default: 2048 4096 8192 16384)",
+    )
+    v.add_argument("--write", metavar="DRAFTER", help="store the list with this drafter folder (any drafter format)")
+    v.add_argument("--size", type=int, default=8192, metavar="N", help="how many tokens --write stores (default 8192)")
+
+    r = sub.add_parser(
+        "plot-run",
+        help="plots of a training run: loss, per-offset accuracy, tau (PNG)",
+        description="Plot a training run's metrics.jsonl to a PNG: training and validation loss against the "
+        "step, accuracy per block offset at the last logged step, and the acceptance-length estimates (from "
+        "per-offset accuracy, from leading correct offsets, and the validation decode's tau) against the step. "
+        "Works on a run that is still going.",
+    )
+    r.add_argument("run", metavar="RUN", help="a training run's folder (its out_dir) or its metrics.jsonl")
+    r.add_argument("--out", metavar="PNG", help="the PNG to write (default: metrics.png beside metrics.jsonl)")
+
+    s = sub.add_parser(
+        "ship-drafter",
+        help="a training run's drafter -> a released folder with its training record",
+        description="Write a training run's drafter in the released DFlash format (bfloat16, with the "
+        "target's identity, so that --drafter auto finds it) with the run's config (train_config.json), a "
+        "summary of its log over every stage it continued (training_summary.json), its loss curve (loss.png), "
+        "optionally a draft vocabulary, and a README with the commands that made it. The folder appears only "
+        "once it is complete.",
+    )
+    s.add_argument("run", metavar="RUN", help="the training run's folder (its out_dir)")
+    s.add_argument("--out", metavar="DIR", required=True, help="the folder to write")
+    s.add_argument(
+        "--which",
+        default="best",
+        choices=["best", "drafter"],
+        help="the run's best/ (lowest validation loss, or eval.best_by) or drafter/ (the final one); default best",
+    )
+    s.add_argument("--data-command", default="", metavar="CMD", help="the prepare-data command that made its data")
+    s.add_argument(
+        "--command", dest="train_command", default="", metavar="CMD", help="the train command(s) that made the run"
+    )
+    s.add_argument(
+        "--earlier-stage",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="a run folder (its out_dir, not its best/) this run continued through init_from, oldest first; "
+        "repeatable: its steps and hours go into the summary and the README",
+    )
+    s.add_argument(
+        "--continues",
+        metavar="DIR",
+        help="a folder written by ship-drafter that the first stage continued through init_from (e.g. the one "
+        "being replaced): its steps, hours and commands are carried into the summary and the README",
+    )
+    s.add_argument(
+        "--draft-vocab",
+        metavar="DATA",
+        help="also store a draft vocabulary counted on this prepare-data folder's answers",
+    )
+    s.add_argument("--draft-vocab-size", type=int, default=8192, metavar="N", help="its length (default 8192)")
+    s.add_argument(
+        "--target-name",
+        default="",
+        metavar="NAME",
+        help="the target as the README's title names it (default: the run's)",
+    )
+    s.add_argument(
+        "--hardware", default="", metavar="TEXT", help="what it trained on, for the README (e.g. '2 CPU cores')"
+    )
+    s.add_argument("--overwrite", action="store_true", help="replace --out if ship-drafter wrote it (or it is empty)")
+
+    b = sub.add_parser(
+        "bench-report",
+        help="a bench run's report written again from its records: one table over every turn in them",
+        description="Read a bench run's .records.jsonl (the file beside its --json-out; a run still going or "
+        "interrupted included) and write the report over every turn in it, as bench does: the JSON, the "
+        "Markdown table (printed too) and the two plots. bench reports only the prompts of its last invocation; "
+        "this covers several, e.g. two invocations with different prompt counts into one records file.",
+    )
+    b.add_argument("records", metavar="RECORDS", help="a bench run's .records.jsonl")
+    b.add_argument("--out", metavar="JSON", required=True, help="the report (JSON); the .md and the plots go beside it")
 
 
 BENCH_DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
@@ -753,6 +853,51 @@ def cmd_demo(args) -> None:
     )
 
 
+def cmd_draft_vocab(args) -> None:
+    if min(args.sizes + [args.size]) < 1:
+        sys.exit("error: --sizes and --size must be >= 1")
+    if args.write:
+        tools.drafter_vocab_size(args.write)  # a bad --write is refused before anything is counted
+    if not args.write or len(tools.answer_shards(args.data)) > 1:
+        print(tools.draft_vocab_coverage(args.data, args.sizes), flush=True)
+    if args.write:
+        command = f"dflash-jax draft-vocab {args.data} --write {args.write} --size {args.size}"
+        path, covers = tools.count_draft_vocab(args.data, args.write, args.size, command=command)
+        log(f"wrote {path}: {args.size} tokens, {covers:.3f} of the counted answer tokens")
+
+
+def cmd_plot_run(args) -> None:
+    metrics = tools.metrics_file(args.run)
+    out = tools.plot_run(tools.read_metrics(metrics), args.out or metrics.with_name("metrics.png"), metrics.parent.name)
+    print(out)
+
+
+def cmd_ship_drafter(args) -> None:
+    if args.draft_vocab_size < 1:
+        sys.exit("error: --draft-vocab-size must be >= 1")
+    info = tools.ship_drafter(
+        args.run,
+        args.out,
+        which=args.which,
+        data_command=args.data_command,
+        command=args.train_command,
+        earlier_stages=args.earlier_stage,
+        continues=args.continues,
+        draft_vocab=args.draft_vocab,
+        draft_vocab_size=args.draft_vocab_size,
+        target_name=args.target_name,
+        hardware=args.hardware,
+        overwrite=args.overwrite,
+    )
+    log(f"wrote {args.out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")
+
+
+def cmd_bench_report(args) -> None:
+    rep = tools.bench_report(args.records, args.out)
+    print(bench.markdown(rep), flush=True)
+    log(f"wrote {args.out} (and its .md and plots)")
+
+
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     try:
@@ -766,6 +911,10 @@ def main(argv=None) -> None:
             "prepare-data": cmd_prepare_data,
             "prepare-features": cmd_prepare_features,
             "train": cmd_train,
+            "draft-vocab": cmd_draft_vocab,
+            "plot-run": cmd_plot_run,
+            "ship-drafter": cmd_ship_drafter,
+            "bench-report": cmd_bench_report,
         }[args.command](args)
     except (DFlashError, OSError) as e:  # bad input, a missing or unwritable path: one line, no traceback
         # Reads still in flight in orbax's threads when a damaged checkpoint failed report their own

@@ -211,7 +211,8 @@ def _read_draft_vocab_file(folder: str | Path) -> dict | None:
     ok = isinstance(ids, list) and ids and all(type(i) is int and 0 <= i < 2**31 for i in ids)
     if not ok:
         raise CheckpointError(
-            f"{path} holds no list of token ids (integers >= 0) under 'ids'; rewrite it with launch/draft_vocab.py"
+            f"{path} holds no list of token ids (integers >= 0) under 'ids';"
+            " rewrite it with dflash-jax draft-vocab DATA --write DRAFTER"
         )
     return raw
 
@@ -241,7 +242,7 @@ def stored_draft_vocab(folder: str | Path, vocab_size: int | None) -> dict | Non
             check_draft_vocab(raw["ids"], vocab_size)
         except ValueError as e:
             raise CheckpointError(
-                f"{Path(folder) / DRAFT_VOCAB_FILE}: {e}; rewrite it with launch/draft_vocab.py"
+                f"{Path(folder) / DRAFT_VOCAB_FILE}: {e}; rewrite it with dflash-jax draft-vocab DATA --write DRAFTER"
             ) from None
     return raw
 
@@ -288,12 +289,12 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         if ids is None:
             raise ConfigError(
                 f"--draft-vocab {draft_vocab}: {spec} stores no draft vocabulary ({DRAFT_VOCAB_FILE});"
-                " pass 0 for the whole vocabulary, or write one with launch/draft_vocab.py"
+                " pass 0 for the whole vocabulary, or write one with dflash-jax draft-vocab DATA --write DRAFTER"
             )
         if draft_vocab > len(ids):
             raise ConfigError(
                 f"--draft-vocab {draft_vocab}: {spec} stores {len(ids)} tokens; pass at most that, or 0 for"
-                " the whole vocabulary (launch/draft_vocab.py writes a longer list)"
+                " the whole vocabulary (dflash-jax draft-vocab DATA --write DRAFTER --size N writes a longer list)"
             )
         ids = ids[:draft_vocab]
     if ids is not None:

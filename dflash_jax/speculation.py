@@ -42,12 +42,12 @@ AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
 # How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
 # token, each later one given the ones before), as the verify-length choice reads it. Measured on
 # SmolLM2-135M's recorded greedy answers to 160 first turns of the five benchmark sets
-# (`launch/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
+# (`experiments/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
 NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 
 # The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
 # decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
-# sets, 1.31x both; `launch/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
+# sets, 1.31x both; `experiments/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
 CPU_BLOCK_SIZE = 8
 
 # What --drafter takes besides a folder.

@@ -185,7 +185,7 @@ def sharded_step(
         with axis_rules(), jax.set_mesh(mesh):
             return jitted(*args)
 
-    run.jitted = jitted  # for ahead-of-time lowering (launch/memory_plan.py)
+    run.jitted = jitted  # for ahead-of-time lowering (experiments/memory_plan.py)
     return run, param_sh, batch_sh, opt_sh
 
 

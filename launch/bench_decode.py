@@ -33,12 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def prompts(n: int) -> list[str]:
-    path = ROOT / "dflash_jax" / "eval_sets" / "gsm8k_test.jsonl"  # shipped with the package
+    from dflash_jax.prompts import PACKAGED_EVAL_DATA
+
+    path = PACKAGED_EVAL_DATA / "gsm8k_test.jsonl"  # shipped with the package
     rows = [json.loads(line) for line in open(path)][:n]
     return [r["question"] + "\nPlease reason step by step, and put your final answer within \\boxed{}." for r in rows]
 

@@ -26,23 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dflash_jax import hf_format  # noqa: E402
-from dflash_jax.decode import Decoder  # noqa: E402
-from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params  # noqa: E402
-from dflash_jax.ngram import NgramStep  # noqa: E402
-from dflash_jax.speculation import make_plan  # noqa: E402
-from dflash_jax.steps import Draft, all_real  # noqa: E402
-from dflash_jax.target import init_params  # noqa: E402
+from dflash_jax import hf_format
+from dflash_jax.decode import Decoder
+from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+from dflash_jax.ngram import NgramStep
+from dflash_jax.speculation import make_plan
+from dflash_jax.steps import Draft, all_real
+from dflash_jax.target import init_params
 
 SHAPES = {
     "qwen3-8b": dict(

@@ -8,11 +8,11 @@ the process's peak resident memory (which includes the target's weights and the 
 
     .venv/bin/python launch/bench_train.py --out docs/bench_train.json      # or: make bench-train
 
-``--recipe``: the CPU recipe's step (``configs/smollm2_135m_cpu.py``: 2 layers reading target
+``--recipe``: the CPU recipe's step (``experiments/smollm2/smollm2_135m_cpu.py``: 2 layers reading target
 layers 1, 14, 27; 4 sequences x 384 tokens x 64 anchors, 16 at a time) split into its parts:
 the whole step, the target's feature forward alone (what stored features would save), and
 the step with ``loss_offsets=8``, and that step at 8 anchors at a time and without activation
-recomputation (``train.remat=False``, as in ``configs/smollm2_135m_cpu_v3.py``).
+recomputation (``train.remat=False``, as in ``experiments/smollm2/smollm2_135m_cpu_v3.py``).
 
     .venv/bin/python launch/bench_train.py --recipe --out docs/bench_train_recipe.json
 """
@@ -28,9 +28,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:

@@ -26,10 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dflash_jax import bench  # noqa: E402
-from dflash_jax.errors import BenchError  # noqa: E402
-from dflash_jax.prompts import DATASETS  # noqa: E402
+from dflash_jax import bench
+from dflash_jax.errors import BenchError
+from dflash_jax.prompts import DATASETS
 
 ORDER = list(DATASETS)
 

@@ -23,9 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,15 +205,14 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
     assert (
         "| gsm8k | 4 | 3 |" in printed and "| gsm8k | ngram | 3 |" in printed and "| gsm8k | default | 3 |" in printed
     )
-    # launch/bench_report.py writes the same report again from the records file alone
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-    import bench_report
-
-    again = bench_report.write(out.with_suffix(".records.jsonl"), tmp_path / "again" / "r.json")
-    assert (
-        json.loads(json.dumps(again["table"])) == rep["table"]
-        and (tmp_path / "again" / "r.md").read_text() == out.with_suffix(".md").read_text()
-    )
+    # dflash-jax bench-report writes the same report again from the records file alone
+    main(["bench-report", str(out.with_suffix(".records.jsonl")), "--out", str(tmp_path / "again" / "r.json")])
+    again = json.loads((tmp_path / "again" / "r.json").read_text())
+    assert again["table"] == rep["table"] and again["records"] == rep["records"]
+    assert (tmp_path / "again" / "r.md").read_text() == out.with_suffix(".md").read_text()
+    assert "| gsm8k | 4 | 3 |" in capsys.readouterr().out  # the table, printed
+    with pytest.raises(SystemExit, match="^error: .*is not a bench records file"):  # one line, no traceback
+        main(["bench-report", str(out), "--out", str(tmp_path / "bad" / "r.json")])
 
     # resume after a kill: keep the header and two records, the rerun measures only the rest
     records = out.with_suffix(".records.jsonl")
@@ -300,13 +297,13 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
 
 
 def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
-    """launch/show_rounds.py: round starts follow the prefill token, and its position table's
+    """experiments/show_rounds.py: round starts follow the prefill token, and its position table's
     figures are the hand-computed ones (by looping and loop-free answers)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     import show_rounds
 
     assert show_rounds.rounds([3, 1, 2]) == [(1, 3), (4, 1), (5, 2)]  # token 0 comes from the prefill
@@ -357,12 +354,12 @@ def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
 
 
 def test_plot_stages_compares_stages_on_common_turns(tmp_path, capsys):
-    """launch/plot_stages.py: tau is recomputed on the turns every stage's bench has, steps add up
+    """experiments/plot_stages.py: tau is recomputed on the turns every stage's bench has, steps add up
     along each stage's best step, and a stage with another objective or held-out split gets no loss."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     import plot_stages
 
     data = tmp_path / "data"

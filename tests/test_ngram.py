@@ -500,13 +500,13 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
 
 
 def test_a_mask_drafter_read_as_a_copy_drafter_drafts_prompt_lookup_then_itself(target):
-    """launch/copy_drafter.py: a mask-token drafter read with the n-gram block input (n >= 2) and a
+    """experiments/copy_drafter.py: a mask-token drafter read with the n-gram block input (n >= 2) and a
     copy bias larger than its logits drafts, at every anchor with a match, prompt lookup's
     continuation (then its own tokens), and elsewhere exactly the mask-token drafter's block."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     from anchor_acceptance import _compiled
     from copy_drafter import as_copy_drafter
 

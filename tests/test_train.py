@@ -27,6 +27,7 @@ from dflash_jax.train_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "smollm2_135m.py")
+STAGES = ROOT / "experiments" / "smollm2"  # the SmolLM2 drafter's training stages and studies
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +215,11 @@ def test_trained_drafter_consistent_with_decoder(trained):
 
 
 def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
-    """launch/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
+    """experiments/anchor_acceptance.py: rounds simulated from the training forward's per-anchor greedy
     acceptance are the decoder's rounds on the same answer (the target's own greedy answer); and
-    launch/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
+    experiments/study_tau.py's rounds, the last one cut where the answer ends, are all of them, for the
     drafter (over the whole vocabulary and over a draft vocabulary) and for prompt lookup."""
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from anchor_acceptance import acceptance_at_anchors, simulated_rounds
     from study_tau import drafter_rounds, ngram_rounds
 
@@ -259,10 +260,10 @@ def test_anchor_acceptance_predicts_the_decoders_rounds(trained):
 
 
 def test_study_tau_runs_a_copy_bias_drafter_at_a_smaller_block(tiny):
-    """launch/study_tau.py at block 4 with a block-8 copy-bias drafter (its table cut to the block,
+    """experiments/study_tau.py at block 4 with a block-8 copy-bias drafter (its table cut to the block,
     ``at_block_size``): the rounds of a decode with ``block_size=4``, but for the last one (where
     the decoder hides offsets past the length limit from the drafter)."""
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from study_tau import at_block_size, drafter_rounds
 
     ck, folder = tiny
@@ -337,35 +338,30 @@ def test_trained_drafter_tau_above_2_and_equal_to_reference(trained, tmp_path, m
     assert cut["stop"] >= 1 and cut["limit"] >= 1, cut
 
 
-def test_plot_metrics(trained, tmp_path):
+def test_plot_run(trained, tmp_path, capsys):
+    """dflash-jax plot-run: a run's metrics as a PNG, from its folder or its metrics.jsonl; one-line errors."""
+    from dflash_jax.cli import main
+
     _, _, out, _, _ = trained
     png = tmp_path / "m.png"
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl"), "--out", str(png)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    main(["plot-run", str(out), "--out", str(png)])
+    assert capsys.readouterr().out.strip() == str(png)
     assert png.stat().st_size > 20_000 and png.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "empty.jsonl").write_text('{"step": 1, "lo')  # cut by a kill: no metrics
+    for bad in (tmp_path / "missing", tmp_path / "empty.jsonl"):
+        with pytest.raises(SystemExit, match="^error: .*(no such file|holds no training metrics)"):
+            main(["plot-run", str(bad)])
 
 
 def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_path):
-    """launch/ship_drafter.py: released-format files that load back to the run's drafter, the run's
+    """dflash-jax ship-drafter: released-format files that load back to the run's drafter, the run's
     record, and an earlier stage counted in the summary and the README."""
+    from dflash_jax.cli import main
     from dflash_jax.drafter_io import load_drafter
 
     _, folder, out, trainer, _ = trained
-    ship = [
-        sys.executable,
-        str(ROOT / "launch" / "ship_drafter.py"),
-        str(out),
-        "--out",
-        str(tmp_path / "a"),
-        "--command",
-        "TRAIN-COMMAND",
-    ]
-    r = subprocess.run(ship + ["--earlier-stage", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
+    ship = ["ship-drafter", str(out), "--out", str(tmp_path / "a"), "--command", "TRAIN-COMMAND"]
+    main(ship + ["--earlier-stage", str(out)])
     a = tmp_path / "a"
     assert {p.name for p in a.iterdir()} >= {
         "config.json",
@@ -384,17 +380,15 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert dflash_format.config_json(cfg) == dflash_format.config_json(trainer.dcfg)
     for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(best)):  # bfloat16 copies of the best drafter
         np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=1e-2, atol=1e-2)
-    r = subprocess.run(
-        ship[:4] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")], capture_output=True, text=True
-    )
-    assert r.returncode != 0 and "not the drafter inside it" in r.stderr and not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit, match="^error: .*not the drafter inside it"):
+        main(ship[:3] + [str(tmp_path / "b"), "--earlier-stage", str(out / "best")])
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit, match="^error: .*exists"):  # an existing folder only with --overwrite
+        main(ship + ["--earlier-stage", str(out)])
     # a stage continuing a shipped folder: its steps, hours and commands carried on
     c = tmp_path / "c"
     vocab = ["--draft-vocab", str(folder), "--draft-vocab-size", "40"]  # and a draft vocabulary counted on the data
-    r = subprocess.run(
-        ship[:4] + [str(c), "--command", "NEXT", "--continues", str(a), *vocab], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
+    main(ship[:3] + [str(c), "--command", "NEXT", "--continues", str(a), *vocab])
     from dflash_jax.drafter_io import read_draft_vocab
 
     ids = read_draft_vocab(c)
@@ -406,8 +400,16 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert info_c["total_steps"] == 1500 and info_c["earlier_stages"][0]["run"] == f"{a} as shipped before"
     readme_c = (c / "README.md").read_text()
     assert readme_c.index("TRAIN-COMMAND") < readme_c.index("NEXT") and f"--continues {a}" in readme_c
-    r = subprocess.run(ship[:4] + [str(tmp_path / "d"), "--continues", str(out)], capture_output=True, text=True)
-    assert r.returncode != 0 and "give a folder made by this script" in r.stderr
+    with pytest.raises(SystemExit, match="^error: .*give a folder made by dflash-jax ship-drafter"):
+        main(ship[:3] + [str(tmp_path / "d"), "--continues", str(out)])
+    # the draft vocabulary alone, for a folder shipped without one: dflash-jax draft-vocab
+    main(["draft-vocab", str(folder), "--write", str(a), "--size", "24", "--sizes", "8", "16"])
+    assert read_draft_vocab(a)[:24].tolist() == ids[:24].tolist()  # the same counts, the first 24
+    assert json.loads((a / "draft_vocab.json").read_text())["command"].startswith("dflash-jax draft-vocab")
+    with pytest.raises(SystemExit, match="^error: .*not a drafter folder"):
+        main(["draft-vocab", str(folder), "--write", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit, match="^error: .*draft vocabulary size"):
+        main(["draft-vocab", str(folder), "--write", str(a), "--size", str(10**7)])
 
 
 # --- length buckets ----------------------------------------------------------------------------
@@ -644,12 +646,8 @@ def test_short_training_run_on_smollm2(tmp_path, capsys):
     assert [r["step"] for r in rows] == list(range(1, 7)) and "val_decode_tau" in rows[-1]
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert sorted(p.name for p in (out / "ckpt").iterdir() if p.name.isdigit()) == ["3", "6"]
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "launch" / "plot_metrics.py"), str(out / "metrics.jsonl")],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0 and (out / "metrics.png").stat().st_size > 20_000
+    main(["plot-run", str(out / "metrics.jsonl")])
+    assert (out / "metrics.png").stat().st_size > 20_000
     capsys.readouterr()
     main(
         [
@@ -850,23 +848,23 @@ def test_recipe_configs_load_with_the_public_settings(name):
 
 
 def test_stage2_recipe_continues_stage1_with_the_same_drafter():
-    """configs/smollm2_135m_cpu_v2.py must start from stage 1's output with stage 1's drafter
+    """experiments/smollm2/smollm2_135m_cpu_v2.py must start from stage 1's output with stage 1's drafter
     fields (``init_from`` refuses anything else), on more data."""
-    one = load_config(ROOT / "configs" / "smollm2_135m_cpu.py")
-    two = load_config(ROOT / "configs" / "smollm2_135m_cpu_v2.py")
+    one = load_config(STAGES / "smollm2_135m_cpu.py")
+    two = load_config(STAGES / "smollm2_135m_cpu_v2.py")
     assert two.init_from == one.out_dir + "/best" and two.out_dir != one.out_dir
     assert two.drafter == one.drafter
     assert two.data == one.data and two.data_shards > one.data_shards
     assert two.train.loss_offsets == 8 and two.train.max_len == one.train.max_len
-    three = load_config(ROOT / "configs" / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
+    three = load_config(STAGES / "smollm2_135m_cpu_v3.py")  # stage 3 continues stage 2 the same way
     assert three.init_from == two.out_dir + "/best" and three.out_dir not in (one.out_dir, two.out_dir)
     assert three.drafter == two.drafter and three.data_shards >= two.data_shards
     assert three.train.remat is False and one.train.remat is True
-    four = load_config(ROOT / "configs" / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
+    four = load_config(STAGES / "smollm2_135m_cpu_v4.py")  # stage 4: more shards, stage 2-3's held-out set
     assert four.init_from == three.out_dir + "/best" and four.drafter == three.drafter
     assert four.data_shards > three.data_shards and four.eval.val_within_shards == three.data_shards
     assert (four.eval.val_size, four.seed) == (one.eval.val_size, one.seed) and one.eval.val_within_shards == 0
-    five = load_config(ROOT / "configs" / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
+    five = load_config(STAGES / "smollm2_135m_cpu_v5.py")  # stage 5: more shards, the same held-out set
     assert five.init_from == four.out_dir + "/best" and five.drafter == four.drafter
     assert five.data_shards > four.data_shards and five.eval.val_within_shards == four.eval.val_within_shards
     assert (five.eval.val_size, five.seed) == (four.eval.val_size, four.seed)
@@ -1231,7 +1229,7 @@ def test_dflash2_objective_and_its_stop_gradient(tiny):
 def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(trained, tiny, tmp_path):
     """A DFlash 2 run continues a trained DFlash drafter (``init_from``: its backbone; convolutions
     from the identity, a fresh selector): at step 0 its block loss is the DFlash drafter's; training
-    lowers the selector loss; it logs the selector metrics and resumes; launch/study_tau.py's rounds
+    lowers the selector loss; it logs the selector metrics and resumes; experiments/study_tau.py's rounds
     (the selector's walk) are the decoder's; its exported folder loads in the reference's
     DFlash2DraftModel."""
     import torch
@@ -1257,11 +1255,11 @@ def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(tra
     assert {"selector_loss", "selector_acc", "topk_coverage"} <= rows[0].keys()
     assert last["val_selector_loss"] < 0.97 * float(first["val_selector_loss"])
     assert 0 < last["val_selector_acc"] <= last["val_topk_coverage"] <= 1
-    sys.path.insert(0, str(ROOT / "launch"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     from study_tau import drafter_rounds
 
     dec = Decoder(ck.params, ck.cfg, make_plan(DraftStep(again.dcfg, ck.cfg), again.params))
-    for j in again.val_idx[:2]:  # launch/study_tau.py walks the selector as the decoder does
+    for j in again.val_idx[:2]:  # experiments/study_tau.py walks the selector as the decoder does
         full = np.asarray(data.TokenDataset(folder)[int(j)][0]).tolist()
         first = int(np.argmax(np.asarray(data.TokenDataset(folder)[int(j)][1])))
         got = dec.generate([full[:first]], len(full) - first)[0]

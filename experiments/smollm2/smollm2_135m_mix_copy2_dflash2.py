@@ -1,0 +1,80 @@
+"""Issue 21's second equal-budget pair: ``smollm2_135m_mix_copy2.py`` (the shipped drafter reading
+prompt lookup, block input = the n-gram continuation, copy bias 30) on offsets 1..8 (issue 20's study
+arm ``copy2_off8``, the best of its arms) as a DFlash 2 drafter: the
+backbone continued with grouped dynamic causal convolutions (kernel 2, groups of 16 channels, from
+the identity) and a candidate selector (rank 64 over the head's top 16, from random), trained with
+the selector loss beside the block loss (alpha 1), on the same 5 mixed shards and held-out answers.
+The copy bias acts on the head's logits, so a matched continuation's token enters the selector's
+candidates with its bonus. ``experiments/smollm2/study_issue21.sh`` trains it for the wall-clock of the study's
+``copy2_off8`` arm (experiments/smollm2/study_issue20.sh) and compares both by tau on the five benchmark sets.
+Resumable: rerun the same command after an interruption.
+
+    dflash-jax train --config experiments/smollm2/smollm2_135m_mix_copy2_dflash2.py  # features: as mix_copy2
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    # Every field is stated here (no base config; each one is described in configs/smollm2_135m.py). Where a field
+    # differs from the config this one continues (smollm2_135m_mix_copy2.py), a comment gives that config's value.
+    c = ConfigDict()
+    c.target = "smollm2-135m-instruct"
+    c.data = "data/smollm2-mix"
+    c.data_shards = 5
+    c.out_dir = "runs/mix_copy2_dflash2"  # smollm2_135m_mix_copy2.py: "runs/mix_copy2"
+    c.seed = 0
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage5"
+    c.mesh = (1, 1, 1)
+
+    c.drafter = ConfigDict()
+    c.drafter.num_layers = 2
+    c.drafter.block_size = 16
+    c.drafter.mask_token_id = None
+    c.drafter.target_layer_ids = (1, 14, 27)
+    c.drafter.layer_types = ()
+    c.drafter.sliding_window = None
+    c.drafter.block_input = "ngram"
+    c.drafter.ngram_max = 4
+    c.drafter.ngram_min = 2
+    c.drafter.copy_bias = 30.0
+    c.drafter.conv_kernel_size = 2  # smollm2_135m_mix_copy2.py: 0
+    c.drafter.conv_group_size = 16
+    c.drafter.selector_rank = 64  # smollm2_135m_mix_copy2.py: 0
+    c.drafter.selector_top_k = 16
+
+    c.train = ConfigDict()
+    c.train.steps = 600
+    c.train.batch_size = 4
+    c.train.grad_accum = 1
+    c.train.max_len = 384
+    c.train.num_anchors = 64
+    c.train.anchor_chunk = 8
+    c.train.remat = False
+    c.train.stored_features = True
+    c.train.gamma = 7.0
+    c.train.loss_offsets = 8  # smollm2_135m_mix_copy2.py: 0
+    c.train.length_buckets = ()
+    c.train.lr = 0.0007
+    c.train.copy_bias_lr = 0.03
+    c.train.selector_alpha = 1.0
+    c.train.selector_stop_grad = False
+    c.train.warmup_frac = 0.04
+    c.train.weight_decay = 0.0
+    c.train.b1 = 0.9
+    c.train.b2 = 0.999
+    c.train.grad_clip = 1.0
+    c.train.compute_dtype = "float32"
+
+    c.eval = ConfigDict()
+    c.eval.every = 100
+    c.eval.val_size = 32
+    c.eval.val_within_shards = 2
+    c.eval.decode_prompts = 4
+    c.eval.decode_max_new_tokens = 256
+    c.eval.best_by = "loss"
+
+    c.ckpt = ConfigDict()
+    c.ckpt.every = 40
+    c.ckpt.keep = 3
+    return c

@@ -1,0 +1,48 @@
+"""The training configs outside the package: every one in experiments/ loads and validates, each states
+its own fields (no inheritance chain), and the shipped drafter's recipe is the run that made it."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_jax.train_config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted((ROOT / "experiments").rglob("smollm2_135m_*.py"))
+
+
+def test_experiments_hold_the_study_configs():
+    assert len(EXPERIMENTS) >= 14 and {p.parent.name for p in EXPERIMENTS} == {"smollm2"}
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_every_experiment_config_loads(path):
+    c = load_config(path)
+    assert c.train.steps > 0 and c.target == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("path", [*EXPERIMENTS, ROOT / "configs" / "smollm2_135m_shipped.py"], ids=lambda p: p.stem)
+def test_a_study_or_shipped_config_states_every_field_itself(path):
+    """No import but ml_collections: the file alone is the config (no chain of get_config calls)."""
+    tree = ast.parse(path.read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [(n.module, [a.name for a in n.names]) for n in imports] == [("ml_collections", ["ConfigDict"])]
+
+
+def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
+    """configs/smollm2_135m_shipped.py equals the shipped drafter's recorded train_config.json but for
+    its out_dir, its init_from (the same stage-5 files, in the folder they are kept in now) and
+    eval.best_by (a field added after the run; the shipped drafter is the run's final one)."""
+    c = json.loads(json.dumps(load_config(ROOT / "configs" / "smollm2_135m_shipped.py").to_dict(), default=list))
+    shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
+    ran = json.loads((shipped / "train_config.json").read_text())
+    assert c.pop("out_dir") != ran.pop("out_dir")
+    assert (c.pop("init_from"), ran.pop("init_from")) == (
+        "assets/smollm2-135m-instruct-dflash-stage5",
+        "assets/smollm2-135m-instruct-dflash",
+    )
+    assert c["eval"].pop("best_by") == "loss" and "best_by" not in ran["eval"]
+    assert c == ran
+    assert (ROOT / "assets" / "smollm2-135m-instruct-dflash-stage5" / "model.safetensors").exists()
