@@ -254,10 +254,9 @@ def check_draft_vocab_size(draft_vocab: int | None) -> None:
 
 
 def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab: int | None = None):
-    """The ``(params, DrafterConfig)`` that ``--drafter spec`` names for target ``ck``, or None.
-
-    ``none`` -> None; ``auto`` -> the shipped drafter for this target, else None; ``random`` ->
-    a fresh 1-layer drafter (block 16, seeded); else a drafter folder (ours or released format).
+    """The ``(params, DrafterConfig)`` of a DFlash drafter for target ``ck``: ``spec`` is ``random``
+    (a fresh 1-layer drafter, block 16, seeded) or a drafter folder (ours or the released format).
+    What ``--drafter`` names (``auto`` and the others) is resolved once, by ``speculation.load``.
 
     ``draft_vocab``: None -> the draft vocabulary stored with the drafter (``draft_vocab.json``),
     whole, if there is one; 0 -> none (the head over the whole vocabulary); N -> the stored list's
@@ -270,11 +269,13 @@ def drafter_for(spec: str, ck: TargetCheckpoint, tok, seed: int = 0, draft_vocab
         ids, or another target's identity), or ``draft_vocab`` is negative, not a whole number, or
         asks for more tokens than stored (or for any with a random drafter).
       CheckpointError: not a drafter folder, or a damaged one.
+      ValueError: ``spec`` is a name to resolve (``auto``, ``none``, ``ngram``).
     """
     check_draft_vocab_size(draft_vocab)
-    spec = resolve_drafter(spec, ck)
-    if spec == "none":
-        return None
+    if spec in ("auto", "none", "ngram"):
+        raise ValueError(
+            f"drafter_for takes a drafter folder or 'random', not {spec!r}: resolve it with speculation.load"
+        )
     if spec == "random":
         if draft_vocab:
             raise ConfigError("--draft-vocab: a random drafter has no draft vocabulary; pass a drafter folder")

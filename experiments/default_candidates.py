@@ -33,9 +33,8 @@ def main() -> None:
     from dflash_jax import checkpoint, prompts
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DraftStep
-    from dflash_jax.drafter_io import drafter_for
     from dflash_jax.ngram import HybridStep, NgramStep
-    from dflash_jax.speculation import NGRAM_CONFIDENCE, make_plan
+    from dflash_jax.speculation import NGRAM_CONFIDENCE, load, make_plan
     from dflash_jax.tokens import encode, stop_ids
     from dflash_jax.utils import enable_compilation_cache
 
@@ -43,7 +42,8 @@ def main() -> None:
     ck = checkpoint.load_target("smollm2-135m-instruct")
     tok = ck.tokenizer()
     stops = stop_ids(tok)
-    params, dcfg = drafter_for("auto", ck, tok, draft_vocab=args.draft_vocab)
+    shipped = load("auto", ck, tok, draft_vocab=args.draft_vocab)
+    params, dcfg = shipped.params, shipped.cfg
     lookup = NgramStep(confidence=NGRAM_CONFIDENCE)
     alone = DraftStep(dcfg, ck.cfg)
     candidates = {

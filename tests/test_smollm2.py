@@ -128,8 +128,8 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     assert (folder / "model.safetensors").stat().st_size < 40 * 2**20
     assert resolve_drafter("auto", ck) == str(folder)
     monkeypatch.setattr(dflash.model, "_cuda_time", time.perf_counter)  # return_stats on CPU
-    params, cfg = load_drafter("auto", ck, tok, draft_vocab=0)  # the head over the whole vocabulary
-    as_shipped = load_drafter("auto", ck, tok)  # with the draft vocabulary stored beside it
+    params, cfg = load_drafter(str(folder), ck, tok, draft_vocab=0)  # the head over the whole vocabulary
+    as_shipped = load_drafter(str(folder), ck, tok)  # with the draft vocabulary stored beside it
     assert as_shipped[0]["draft_vocab"]["ids"].shape[0] >= 4096
     ref = (DFlash2DraftModel if cfg.dflash2 else DFlashDraftModel).from_pretrained(folder, dtype=torch.float32).eval()
     as_reference = make_plan(  # what the reference reads of it: mask-token blocks, no copy bias
