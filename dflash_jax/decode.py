@@ -157,7 +157,7 @@ def calibrate(conf: Array, stats: Array) -> Array:
     reads its own history only, so its output never depends on the batch; and it only steers the
     verify length (``choose_verify_length``), so decoding stays lossless. (A step's confidence
     table is an average over prompt sets; on a row that repeats itself less, such as an MBPP
-    answer, it over-trusts the draft: docs/BENCHMARKS.md "Prompt lookup and the default settings".)
+    answer, it over-trusts the draft: docs/JOURNAL.md "Prompt lookup and the default settings".)
     """
     bins = _conf_bins(conf)
     checked = jnp.take_along_axis(stats[..., 0], bins, axis=1)

@@ -463,7 +463,7 @@ def _scale_logits(logits: Array, cfg: DrafterConfig) -> Array:
 # --- a draft vocabulary (inference only) ------------------------------------------------------
 #
 # On a CPU the target's LM head over the whole vocabulary is most of a small drafter's forward
-# (docs/BENCHMARKS.md, "Where a DFlash 2 round's time goes"). A draft vocabulary is a list of the
+# (docs/JOURNAL.md, "Where a DFlash 2 round's time goes"). A draft vocabulary is a list of the
 # N tokens the drafter may propose (the most frequent answer tokens, ``draft_vocab.json`` in its
 # folder; EAGLE-3's idea): the head then runs over those N columns only, plus, for a drafter with
 # a copy bias, each offset's prompt-lookup token whatever the list. The verify is unchanged, so

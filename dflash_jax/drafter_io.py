@@ -185,7 +185,7 @@ def resolve_drafter(spec: str, ck: TargetCheckpoint) -> str:
 def write_draft_vocab(folder: str | Path, ids, /, **meta) -> Path:
     """Store a draft vocabulary with the drafter in ``folder`` (atomically): ``draft_vocab.json``
     ``{"ids": [...], **meta}``, ids most frequent first, so that its first N are the best N
-    (``drafter.with_draft_vocab``; docs/BENCHMARKS.md "A draft vocabulary").
+    (``drafter.with_draft_vocab``; docs/JOURNAL.md "A draft vocabulary").
 
     Raises:
       CheckpointError: ``folder`` is not a drafter folder.

@@ -42,12 +42,12 @@ AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
 # How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
 # token, each later one given the ones before), as the verify-length choice reads it. Measured on
 # SmolLM2-135M's recorded greedy answers to 160 first turns of the five benchmark sets
-# (`experiments/ngram_acceptance.py`; docs/BENCHMARKS.md, "Prompt lookup and the default settings").
+# (`experiments/ngram_acceptance.py`; docs/JOURNAL.md, "Prompt lookup and the default settings").
 NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 
 # The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
 # decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
-# sets, 1.31x both; `experiments/default_candidates.py`, docs/BENCHMARKS.md "The CPU default").
+# sets, 1.31x both; `experiments/default_candidates.py`, docs/JOURNAL.md "The CPU default").
 CPU_BLOCK_SIZE = 8
 
 # What --drafter takes besides a folder.
@@ -275,7 +275,7 @@ def plan_for(
     ="ngram"``, unless ``auto`` on a CPU). ``auto`` with ``prompt_lookup`` is the fastest setup
     measured for the backend: on an accelerator the shipped drafter as above; on a CPU the shipped
     drafter beside prompt lookup at block ``CPU_BLOCK_SIZE`` (there a 16-token verify costs 2-3.8
-    plain steps and prompt lookup's long matches need no drafter forward: docs/BENCHMARKS.md "The
+    plain steps and prompt lookup's long matches need no drafter forward: docs/JOURNAL.md "The
     CPU default"); with no drafter shipped, prompt lookup alone. The other arguments: as
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
