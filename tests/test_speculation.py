@@ -7,6 +7,8 @@ Sampled: the target's distribution (exact enumeration + chi-square, test_ngram's
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,7 +131,7 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
 def test_verify_lengths_are_checked(target, tmp_path, monkeypatch):  # noqa: F811
     from dflash_jax import decode
 
-    monkeypatch.setenv("DFLASH_JAX_HOME", str(tmp_path))  # the measured costs are kept here
+    monkeypatch.setenv("DFLASH_JAX_VERIFY_COSTS", str(tmp_path / "costs.json"))  # the measured costs are kept here
     ck, _ = target
     with pytest.raises(ValueError, match=r"must lie in \[1, block size 8\]"):
         Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths=(1, 9)))
@@ -144,6 +146,7 @@ def test_verify_lengths_are_checked(target, tmp_path, monkeypatch):  # noqa: F81
     assert costs[0] == 1.0 and costs == sorted(costs) and len(costs) == len(auto.verify_lengths)
     assert "verify_costs" not in repr(shape) and auto.costs_for(shape).tolist() == costs  # kept per shape
     # ... and per machine: another Decoder (another process) reads them instead of timing again
+    init_cache = decode.init_cache
     kept = decode.read_verify_costs()
     assert list(kept) == [auto.cost_key(shape.batch, shape.cache_len)]
     np.testing.assert_array_equal(np.asarray(kept[list(kept)[0]], np.float32), costs)
@@ -151,6 +154,13 @@ def test_verify_lengths_are_checked(target, tmp_path, monkeypatch):  # noqa: F81
     monkeypatch.setattr(decode, "init_cache", lambda *a: pytest.fail("the costs were timed again"))
     assert again.costs_for(shape).tolist() == costs
     assert again.cost_key(shape.batch, 512) != again.cost_key(shape.batch, shape.cache_len)  # another shape
+    # a damaged entry (not one finite positive cost per length) is timed again, not used or a crash
+    for bad in (5, "abc", ["1", "x", "2"], [0] * len(costs), [1, -5] + costs[2:], [1, float("nan")] + costs[2:]):
+        assert decode._valid_costs(bad, len(costs)) is None
+    monkeypatch.setattr(decode, "init_cache", init_cache)  # timing allowed again
+    (tmp_path / "costs.json").write_text(json.dumps({again.cost_key(shape.batch, shape.cache_len): 5}))
+    timed = Decoder(ck.params, ck.cfg, make_plan(NgramStep(block_size=8), verify_lengths="auto")).costs_for(shape)
+    assert timed[0] == 1.0 and len(timed) == len(costs) and decode._valid_costs(timed, len(costs)) is not None
 
 
 def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(target):  # noqa: F811
@@ -336,8 +346,12 @@ def test_the_plans_users_ask_for(tiny_models, tmp_path):
     alone = plan_for(ck, "random", tok, prompt_lookup=False)
     assert isinstance(alone.step, DraftStep) and alone.block_size == 16 and alone.label == "DFlash alone"
     assert plan_for(ck, "none", tok) is None and plan_for(ck, "auto", tok, prompt_lookup=False) is None
-    with pytest.raises(ValueError, match="block size > 1 needs a drafter"):
+    with pytest.raises(ValueError, match="--block-size 4 with --drafter none: plain decoding"):
         plan_for(ck, "none", tok, block_size=4)
+    with pytest.raises(
+        ValueError, match="--drafter auto decodes plainly here .no drafter is shipped for this target and"
+    ):
+        plan_for(ck, "auto", tok, prompt_lookup=False, block_size=4)
     # a drafter reading the prompt-lookup continuation itself is used alone
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=8, mask_token_id=3, block_input="ngram")
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "ngram_drafter")
@@ -362,6 +376,15 @@ def test_the_plans_users_ask_for(tiny_models, tmp_path):
         check_request("auto", ngram_max=1, ngram_min=2)
     with pytest.raises(ValueError, match="auto, full or positive numbers"):
         check_request("auto", verify_lengths="1,x")
+    for bad in (1, 0, 4.7):  # before any model loads, whatever the drafter
+        with pytest.raises(ValueError, match=f"block size {bad}: a block holds the anchor"):
+            check_request("ngram", block_size=bad)
+    with pytest.raises(ValueError, match="auto, full or positive numbers"):
+        check_request("auto", verify_lengths=(1, 2.5))
+    # costs as the array Decoder.costs_for gives; a folder as a Path
+    as_array = make_plan(NgramStep(block_size=8), verify_lengths=(1, 8), verify_costs=np.asarray([1.0, 2.0]))
+    assert as_array.verify_costs == (1.0, 2.0)
+    assert plan_for(ck, folder, tok).label == plan_for(ck, str(folder), tok).label
 
 
 def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(tiny_models, tmp_path, monkeypatch):
