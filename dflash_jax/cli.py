@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from dflash_jax import bench, checkpoint, data, distributed, prepare, prompts, speculation, tools
+from dflash_jax import checkpoint, prompts, speculation
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import check_fits
 from dflash_jax.drafter_io import (
@@ -34,9 +35,10 @@ from dflash_jax.errors import CheckpointError, DFlashError
 from dflash_jax.ngram import NgramStep
 from dflash_jax.sampling import Sampling
 from dflash_jax.tokens import encode, stop_ids
-from dflash_jax.train import Trainer
-from dflash_jax.train_config import drafter_config, load_config
 from dflash_jax.utils import META_FILE, enable_compilation_cache, log
+
+# The jobs (bench, prepare, train) and the tools are imported by the commands that run them, so that
+# `generate` starts without loading the trainer's and the plots' libraries (docs/BENCHMARKS.md "Start-up").
 
 
 def _add_target(p: argparse.ArgumentParser) -> None:
@@ -636,6 +638,8 @@ def cmd_import_drafter(args) -> None:
 
 
 def cmd_prepare_data(args) -> None:
+    from dflash_jax import prepare
+
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
     if min(args.max_new_tokens, args.batch_size, args.shard_size) < 1:
@@ -664,6 +668,9 @@ def cmd_prepare_data(args) -> None:
 
 
 def cmd_prepare_features(args) -> None:
+    from dflash_jax import data, prepare
+    from dflash_jax.train_config import drafter_config, load_config
+
     if args.batch_size < 1:
         sys.exit("error: --batch-size must be >= 1")
     c = load_config(args.config, args.overrides)
@@ -683,6 +690,10 @@ def cmd_prepare_features(args) -> None:
 
 
 def cmd_train(args) -> None:
+    from dflash_jax import distributed
+    from dflash_jax.train import Trainer
+    from dflash_jax.train_config import load_config
+
     c = load_config(args.config, args.overrides)
     if args.distributed or args.coordinator:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -707,6 +718,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_bench(args) -> None:
+    from dflash_jax import bench
+
     if min(args.max_new_tokens, args.batch_size) < 1 or (args.max_samples is not None and args.max_samples < 1):
         sys.exit("error: --max-new-tokens, --batch-size and --max-samples must be >= 1")
     datasets = list(BENCH_DATASETS) if "all" in args.dataset else list(dict.fromkeys(args.dataset))
@@ -859,6 +872,8 @@ def cmd_demo(args) -> None:
 
 
 def cmd_draft_vocab(args) -> None:
+    from dflash_jax import tools
+
     if min(args.sizes + [args.size]) < 1:
         sys.exit("error: --sizes and --size must be >= 1")
     if args.write:
@@ -872,12 +887,16 @@ def cmd_draft_vocab(args) -> None:
 
 
 def cmd_plot_run(args) -> None:
+    from dflash_jax import tools
+
     metrics = tools.metrics_file(args.run)
     out = tools.plot_run(tools.read_metrics(metrics), args.out or metrics.with_name("metrics.png"), metrics.parent.name)
     print(out)
 
 
 def cmd_ship_drafter(args) -> None:
+    from dflash_jax import tools
+
     if args.draft_vocab_size < 1:
         sys.exit("error: --draft-vocab-size must be >= 1")
     info = tools.ship_drafter(
@@ -898,12 +917,15 @@ def cmd_ship_drafter(args) -> None:
 
 
 def cmd_bench_report(args) -> None:
+    from dflash_jax import bench, tools
+
     rep = tools.bench_report(args.records, args.out)
     print(bench.markdown(rep), flush=True)
     log(f"wrote {args.out} (and its .md and plots)")
 
 
 def main(argv=None) -> None:
+    """Run the subcommand ``argv`` names (default: the command line)."""
     args = build_parser().parse_args(argv)
     try:
         {
@@ -929,5 +951,21 @@ def main(argv=None) -> None:
         sys.exit(f"error: {e}")
 
 
-if __name__ == "__main__":
+# Commands that have written all they write when they return (no checkpoint saved in the background).
+QUICK_EXIT = ("generate", "demo")
+
+
+def run() -> None:
+    """The ``dflash-jax`` console entry: ``main``, then, after a command of ``QUICK_EXIT``, an exit that
+    skips the interpreter's teardown of XLA's runtime (0.6 s of a 9-10 s warm start of ``generate``
+    on the CPUs here: docs/BENCHMARKS.md "Start-up"). A failed command exits through ``main``'s
+    ``SystemExit`` as usual."""
     main()
+    if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT:  # the subcommand is the first argument
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    run()

@@ -174,3 +174,20 @@ def test_generate_cli_drafting_options_give_the_plain_tokens(tiny_models, capsys
         main([*base, "--verify-lengths", "four"])
     with pytest.raises(SystemExit, match="--draft-vocab takes a number of tokens >= 0"):
         main([*base, "--draft-vocab", "-1"])
+
+
+def test_the_console_entry_exits_quickly_with_everything_written(tiny_models):
+    """``dflash-jax generate`` (``cli.run``) skips the interpreter's teardown after it returns: its
+    output is complete and its status 0; a bad flag still exits 1 with its one-line error."""
+    import subprocess
+    import sys
+
+    _, _, path = tiny_models["qwen3"]
+    base = [sys.executable, "-m", "dflash_jax.cli", "generate", "--target", str(path), "--prompt", "t10 t11"]
+    done = subprocess.run(
+        [*base, "--max-new-tokens", "3", "--json", "--drafter", "none"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout.strip().splitlines()[-1])["token_ids"]) == 3
+    bad = subprocess.run([*base, "--max-new-tokens", "0"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith("error: --max-new-tokens")
