@@ -63,12 +63,19 @@ def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_
 
 def test_prompt_formats_and_their_errors(tmp_path, target):
     ck, tok = target
-    from conftest import SHARED
-
-    gsm = prompts.read_prompts(SHARED / "data" / "train" / "gsm8k_train.jsonl", limit=2)
+    # files shaped as the training sets in ../shared/data/train are (format picked by the name)
+    gsm_rows = [{"question": "Tom has 3 apples and buys 2. How many?", "answer": "5"}, {"question": "2 + 2?"}]
+    (tmp_path / "gsm8k_train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm_rows))
+    alpaca_rows = [
+        {"instruction": "Name a colour.", "input": "", "output": "red"},
+        {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"},
+    ]
+    (tmp_path / "alpaca_en_1k.json").write_text(json.dumps(alpaca_rows))
+    gsm = prompts.read_prompts(tmp_path / "gsm8k_train.jsonl", limit=2)
     assert gsm[0].text.endswith(prompts.GSM8K_SUFFIX) and gsm[0].where.endswith("gsm8k_train.jsonl:1")
-    alp = prompts.read_prompts(SHARED / "data" / "train" / "alpaca_en_1k.json", limit=50)
-    assert all(p.text.strip() for p in alp) and any("\n\n" in p.text for p in alp)  # instruction + input
+    assert gsm[0].text.startswith(gsm_rows[0]["question"]) and len(gsm) == 2
+    alp = prompts.read_prompts(tmp_path / "alpaca_en_1k.json", limit=50)
+    assert [p.text for p in alp] == ["Name a colour.", "Translate to French.\n\nGood morning"]  # instruction + input
     mbpp_file = prompts.PACKAGED_EVAL_DATA / "mbpp_sanitized.json"
     mbpp = prompts.read_prompts(mbpp_file)
     ids = [json.loads(mbpp_file.read_text())[int(p.where.rsplit(":", 1)[1]) - 1]["task_id"] for p in mbpp]

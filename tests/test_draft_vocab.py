@@ -169,7 +169,7 @@ def test_sampling_keeps_the_target_distribution_with_a_cut_list(tiny, dflash2, i
     assert chi_square_p(counts, exact_joint(cfg, params, Sampling(1.2))) < P_REJECT  # the check has teeth
 
 
-def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
+def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path, capsys):
     from dflash_jax import checkpoint
     from dflash_jax.drafter_io import (
         DRAFT_VOCAB_FILE,
@@ -220,6 +220,20 @@ def test_the_list_travels_with_the_drafter_folder(tiny_models, tmp_path):
     # the plan's label says how many tokens the drafter proposes (what demo, bench and generate print)
     assert hybrid.label == "DFlash over 3 tokens + prompt lookup"
     assert plan_for(ck, str(folder), tok, prompt_lookup=False).label == "DFlash over 4 tokens alone"
+    # generate logs it, so that --draft-vocab N can be confirmed
+    args = [
+        "generate",
+        "--target",
+        str(ck.path),
+        "--drafter",
+        str(folder),
+        "--prompt",
+        "t5 t6",
+        "--max-new-tokens",
+        "2",
+    ]
+    main([*args, "--draft-vocab", "3"])
+    assert "(DFlash over 3 tokens + prompt lookup, block size 8" in capsys.readouterr().err
     for bad in ('{"ids": "oops"}', "[1, 2, 3]", '{"ids": [true, 7]}', '{"ids": [5, 99999999999]}'):
         (folder / DRAFT_VOCAB_FILE).write_text(bad)
         with pytest.raises(CheckpointError, match="no list of token ids"):
