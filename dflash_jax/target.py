@@ -184,7 +184,7 @@ class Attention(nn.Module):
     sliding: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None):
+    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None, tree: Array | None = None):
         cfg, dt = self.cfg, self.cfg.compute_dtype
         d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         zeros = nn.initializers.zeros
@@ -217,6 +217,8 @@ class Attention(nn.Module):
             key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
             new_cache = (keys, values)
         mask = key_pos[:, None, :] <= positions[:, :, None]
+        if tree is not None:  # a tree block: slot start + t holds token t; each sees the cache and its ancestors
+            mask, key_pos = tree_mask(tree, positions, keys.shape[1])
         if self.sliding:
             mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
         sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
@@ -295,12 +297,41 @@ class MoE(nn.Module):
         return combined.reshape(x.shape)
 
 
+def tree_mask(tree: Array, positions: Array, cache_len: int) -> tuple[Array, Array]:
+    """The attention mask and key positions of a tree block written at slots ``start .. start + T - 1``
+    (``start = positions[:, 0]``, the anchor's) on top of a cache of ``cache_len`` slots (SPEC "Tree
+    verification" 2).
+
+    Args:
+      tree: bool ``[B, T, T]``, ``tree[b, i, j]``: block token ``i`` sees block token ``j`` (its
+        ancestors and itself; nothing for a padding node, not even the cache).
+      positions: int32 ``[B, T]``, each block token's position (``start + depth``).
+
+    Returns:
+      ``(mask bool [B, T, S], key_pos int32 [B, S])``: a block token sees the committed cache slots
+      ``< start`` and the block tokens ``tree`` lets it; slot ``s`` holds position ``s`` before the
+      block and the position of the block token written there inside it (what a sliding window
+      compares).
+    """
+    t = tree.shape[1]
+    start = positions[:, :1]
+    slots = jnp.arange(cache_len, dtype=jnp.int32)[None, :]
+    rel = slots - start  # [B, S]: the block token a slot holds, if 0 <= rel < T
+    inside = (rel >= 0) & (rel < t)
+    idx = jnp.clip(rel, 0, t - 1)
+    key_pos = jnp.where(inside, jnp.take_along_axis(positions, idx, axis=1), slots)
+    sees = jnp.take_along_axis(tree, jnp.broadcast_to(idx[:, None, :], (*tree.shape[:2], cache_len)), axis=2)
+    any_seen = jnp.any(tree, axis=2, keepdims=True)  # a padding node sees nothing at all
+    mask = jnp.where(inside[:, None, :], sees, (rel < 0)[:, None, :] & any_seen)
+    return mask, key_pos
+
+
 class DecoderLayer(nn.Module):
     cfg: TargetConfig
     layer: int = 0
 
     @nn.compact
-    def __call__(self, x, positions, cache, lengths=None):
+    def __call__(self, x, positions, cache, lengths=None, tree=None):
         cfg = self.cfg
         norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="input_norm")(x)
         if cfg.is_linear(self.layer):
@@ -316,9 +347,14 @@ class DecoderLayer(nn.Module):
                 cfg.compute_dtype,
                 name="linear_attn",
             )
+            if tree is not None:
+                raise ValueError(
+                    "tree verification is not supported with linear-attention (Gated DeltaNet) layers: their "
+                    "recurrent state has no per-node copy for the branches; verify one chain (--tree off)"
+                )
             attn, cache = mixer(norm, cache, lengths)
         else:
-            attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache)
+            attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache, tree)
         x = x + attn
         if cfg.is_moe(self.layer):
             mlp = MoE(cfg, name="moe")
@@ -341,6 +377,9 @@ class Target(nn.Module):
         tokens in the linear-attention layers' state (right-padded prefill), returned committed.
         Without it those layers return a ``PendingLinear`` for ``commit_cache`` (verification,
         where the kept length is known only afterwards).
+      tree: optional bool ``[B, T, T]`` with a cache: the block is a draft tree (``tree_mask``): token
+        ``t`` is written at slot ``positions[b, 0] + t`` whatever its position, and sees the cache
+        before the anchor and the block tokens ``tree`` lets it. Refused with linear-attention layers.
 
     Returns ``(hidden, taps, cache)``: hidden ``[B, T, d]`` after the final norm (feed
     it to ``logits``); taps ``[B, T, len(tap_layers) * d]`` (concatenated in the order
@@ -364,11 +403,14 @@ class Target(nn.Module):
         cache: KVCache | None = None,
         tap_layers: Sequence[int] = (),
         lengths: Array | None = None,
+        tree: Array | None = None,
     ):
+        if tree is not None and cache is None:
+            raise ValueError("a tree block is verified on top of a KV cache; pass the cache")
         x = self.embed(tokens)
         taps, new_cache = {}, []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache[i], lengths)
+            x, layer_cache = layer(x, positions, None if cache is None else cache[i], lengths, tree)
             new_cache.append(layer_cache)
             if i in tap_layers:
                 taps[i] = x

@@ -98,3 +98,63 @@ def test_the_nodes_are_the_best_prefixes_of_all():
 def test_bad_budgets_are_refused():
     with pytest.raises(ValueError, match="budget of at least 1"):
         build_tree(np.zeros((1, 2, 3), np.float32), 0)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe"])
+def test_a_tree_block_gives_each_node_the_logits_of_its_own_path(tiny_models, family):
+    """One verify of a tree block (``Target(tree=...)``: slots by node, positions by depth, each node
+    seeing the cache and its ancestors) gives every node the target's logits after its own path,
+    as a causal forward of prompt + path computes them: dense, sliding window with sinks (gpt-oss,
+    prompt longer than its window of 8), mixture of experts. A padding node changes nothing."""
+    import jax.numpy as jnp
+
+    from dflash_jax import checkpoint
+    from dflash_jax.target import Target, init_cache
+
+    ck = checkpoint.load_target(tiny_models[family][2])
+    model, params = Target(ck.cfg), {"params": ck.params}
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(4, 90, 13).tolist()
+    anchor = 17
+    parents = [-1, -1, 0, 0, 2, 4, 1, -1]  # node i's parent (-1: the anchor); the last node is padding
+    tokens = rng.integers(4, 90, len(parents)).tolist()
+    real = len(parents) - 1
+    depth = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    t = len(parents) + 1  # the anchor, then the nodes
+    mask = np.zeros((t, t), bool)
+    mask[0, 0] = True
+    for i in range(real):
+        node, mask[i + 1, 0] = i, True
+        while node >= 0:
+            mask[i + 1, node + 1] = True
+            node = parents[node]
+    cache = init_cache(ck.cfg, 1, 64)
+    _, _, cache = model.apply(params, jnp.asarray([prompt]), jnp.arange(len(prompt))[None], cache)
+    block = jnp.asarray([[anchor, *tokens]])
+    positions = len(prompt) + jnp.asarray([[0, *depth]])
+    hidden, _, _ = model.apply(params, block, positions, cache, tree=jnp.asarray(mask[None]))
+    got = np.asarray(model.apply(params, hidden, method="logits"))[0]
+    assert np.isfinite(got).all()  # the padding node too
+    for i in range(-1, real):
+        path, node = [], i
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        seq = [*prompt, anchor, *path]
+        h, _, _ = model.apply(params, jnp.asarray([seq]), jnp.arange(len(seq))[None])
+        want = np.asarray(model.apply(params, h[:, -1], method="logits"))[0]
+        np.testing.assert_allclose(got[i + 1], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"node {i}")
+
+
+def test_a_tree_block_is_refused_by_a_recurrent_target(tiny_models):
+    import jax.numpy as jnp
+
+    from dflash_jax import checkpoint
+    from dflash_jax.target import Target, init_cache
+
+    ck = checkpoint.load_target(tiny_models["qwen3_5"][2])
+    block, tree = jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3, 3), bool)
+    with pytest.raises(ValueError, match="not supported with linear-attention .Gated DeltaNet. layers"):
+        Target(ck.cfg).apply({"params": ck.params}, block, jnp.arange(3)[None], init_cache(ck.cfg, 1, 16), tree=tree)
