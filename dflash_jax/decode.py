@@ -54,7 +54,8 @@ import numpy as np
 from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.sharding import axis_rules
 from dflash_jax.speculation import Plan
-from dflash_jax.target import Target, TargetConfig, commit_cache, init_cache, pad_pending
+from dflash_jax.target import Target, TargetConfig, commit_cache, compact_cache, init_cache, pad_pending
+from dflash_jax.tree import accept_walk, ancestor_mask
 from dflash_jax.utils import atomic_write_text, home, json_sha256
 
 Array = jax.Array
@@ -264,6 +265,30 @@ def verify_block(
     return out, feats, pad_pending(cache, bs)
 
 
+def verify_tree(target_params, anchor: Array, tree, start: Array, cache, keys: Array, *, cfg, taps=(), sampling=GREEDY):
+    """A tree round's verify (SPEC "Tree verification" 2-3): the target on the anchor and the tree's
+    ``N`` nodes (``tree.Tree``) as one block on top of its cache, node ``i`` at slot ``start + 1 + i``
+    and position ``start + depth``, each seeing the cache, its ancestors and itself.
+
+    Returns ``(target_tokens, feats, cache)``: int32 ``[B, N + 1]``, the target's token at each
+    block slot (greedy its argmax; sampling one draw from its tempered ``p`` there, key
+    ``fold_in(keys[b], slot)``, what the accept walk compares with the children); the features of
+    layers ``taps`` ``[B, N + 1, len(taps) * d]`` (None without taps); the cache with every slot's
+    keys and values written (``target.compact_cache`` keeps the accepted path)."""
+    model = Target(cfg)
+    block = jnp.concatenate([anchor[:, None], tree.tokens], axis=1)
+    positions = start[:, None] + jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
+    mask = ancestor_mask(tree)
+    hidden, feats, cache = model.apply({"params": target_params}, block, positions, cache, taps, tree=mask)
+    logits = model.apply({"params": target_params}, hidden, method="logits")
+    if sampling.greedy:
+        return jnp.argmax(logits, -1).astype(jnp.int32), feats, cache
+    p = probs(logits, sampling)
+    slots = jnp.arange(block.shape[1])
+    draw = jax.vmap(lambda k, row: jax.vmap(lambda i, pi: sample(jax.random.fold_in(k, i), pi))(slots, row))
+    return draw(keys, p), feats, cache
+
+
 def decode_loop(
     target_params,
     drafter_params,
@@ -288,8 +313,10 @@ def decode_loop(
     lengths = shape.verify_lengths or (bs,)
     taps = drafter.tap_layers if drafter is not None else ()
 
+    verify_kw = dict(cfg=cfg, taps=taps, sampling=sampling)
+
     def verify(length: int, block: Array, start: Array, cache):
-        return verify_block(target_params, block, start, cache, length, cfg=cfg, taps=taps, sampling=sampling)
+        return verify_block(target_params, block, start, cache, length, **verify_kw)
 
     def round_(s: LoopState) -> LoopState:
         active = ~s.done
@@ -297,7 +324,7 @@ def decode_loop(
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
         dcache = s.drafter_cache
         k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
-        q, conf, num_valid = None, None, verify_size - 1  # draft offsets 1 .. num_valid can be accepted
+        q, conf, num_valid, tree = None, None, verify_size - 1, None  # draft offsets 1 .. num_valid can be accepted
         if drafter is not None:
             # a finished (or padding) row drafts nothing: block_valid 1 (the anchor alone) lets a step skip it
             valid = jnp.where(active, verify_size, 1)
@@ -320,8 +347,21 @@ def decode_loop(
             q, conf = draft.q, draft.confidence
             num_valid = jnp.minimum(num_valid, draft.num)  # the step may have fewer real tokens than the block
             block = block.at[:, 1:].set(draft.tokens)
+            tree = draft.tree
         calibration = s.calibration
-        if len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
+        if tree is not None:  # verify the whole tree, walk it, move the accepted path into place
+            tree = tree._replace(valid=tree.valid & active[:, None])  # a finished row verifies its anchor only
+            target_tok, feats, tcache = verify_tree(
+                target_params, block[:, 0], tree, s.start, s.target_cache, k_accept, **verify_kw
+            )
+            walk = accept_walk(tree, target_tok, bs - 1)
+            a, bonus = walk.length, walk.bonus[:, None]
+            slots = jnp.concatenate([block[:, :1], tree.tokens], axis=1)
+            block = jnp.take_along_axis(slots, walk.path, axis=1)  # the anchor, then the accepted path
+            tcache = compact_cache(tcache, s.start, walk.path)
+            if feats is not None:
+                feats = jnp.take_along_axis(feats, walk.path[:, :, None], axis=1)
+        elif len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
             trusted = calibrate(conf, calibration) if shape.calibrate else conf
             choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs)
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
@@ -329,7 +369,9 @@ def decode_loop(
             out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
         else:
             out, feats, tcache = verify(lengths[0], block, s.start, s.target_cache)
-        if sampling.greedy:
+        if tree is not None:
+            pass  # walked above
+        elif sampling.greedy:
             posterior = out
             match = (block[:, 1:] == posterior[:, :-1]) & (offsets[1:] <= num_valid[:, None])
             a = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)  # accepted draft tokens
@@ -339,7 +381,7 @@ def decode_loop(
         else:
             a, bonus = accept(k_accept, block[:, 1:], q, out, num_valid)
             bonus = bonus[:, None]
-        if len(lengths) > 1 and shape.calibrate:
+        if tree is None and len(lengths) > 1 and shape.calibrate:
             checked = jnp.where(active, num_valid, 0)
             calibration = update_calibration(calibration, conf, a, jnp.maximum(checked, 0))
         new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
@@ -487,6 +529,12 @@ class Decoder:
         self.drafter = plan.step if plan is not None else None
         self.drafter_params = _on_device(plan.params) if plan is not None else None
         self.block_size = plan.block_size if plan is not None else 1
+        self.tree_size = getattr(self.drafter, "tree_size", 0)
+        if self.tree_size and any(cfg.is_linear(i) for i in range(cfg.num_layers)):
+            raise ValueError(
+                "tree verification is not supported with linear-attention (Gated DeltaNet) layers: their recurrent "
+                "state has no per-node copy for the branches; verify one chain (--tree off)"
+            )
         self.verify_lengths = plan.verify_lengths if plan is not None else ()
         self.calibrate = plan.calibrate if plan is not None else True
         self._measure = bool(self.verify_lengths) and plan.verify_costs is None
@@ -498,7 +546,7 @@ class Decoder:
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
         p = bucket(max(prompt_lens))
-        need = p + max_new_tokens + self.block_size
+        need = p + max_new_tokens + max(self.block_size, self.tree_size + 1)  # a round writes a block or a tree
         cache_len = -(-need // 256) * 256
         max_rounds = max_new_tokens  # every round commits at least one token
         return LoopShape(

@@ -31,6 +31,7 @@ from dflash_jax import masks
 from dflash_jax.errors import ConfigError
 from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq
 from dflash_jax.ngram import ngram_match
+from dflash_jax.sampling import probs
 from dflash_jax.steps import Draft, all_real, sampled
 from dflash_jax.target import Target, TargetConfig, write_block
 
@@ -725,6 +726,19 @@ class DraftStep:
         vocabulary, -inf on the tokens it never proposes."""
         scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)[1]
         return scores.dense(self.cfg.vocab_size)
+
+    def logprobs(
+        self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens=None, sampling=None
+    ):
+        """float32 ``[B, block_len - 1, V]``: the log-probability of every token at draft offsets
+        ``1 .. block_len - 1`` (what a draft tree is built from, ``tree.build_tree``): the log-softmax
+        of ``logits``, or under sampling the log of its tempered, filtered distribution
+        (``sampling.probs``); ``-inf`` on tokens it never proposes. A DFlash 2 drafter's head (its
+        selector's pair scores are not added)."""
+        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
+        if sampling is None or sampling.greedy:
+            return jax.nn.log_softmax(logits, axis=-1)
+        return jnp.log(probs(logits, sampling))
 
     def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
         """(final hidden states ``[B, block_len - 1, d]``, ``DraftScores``) at offsets ``1 .. block_len - 1``."""

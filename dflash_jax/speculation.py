@@ -173,6 +173,13 @@ def make_plan(
     backend = backend or jax.default_backend()
     limit = step.max_block_size
     verify_lengths = parse_verify_lengths(verify_lengths)
+    if getattr(step, "tree_size", 0) and isinstance(verify_lengths, tuple):
+        raise ValueError(
+            f"verify lengths {list(verify_lengths)} with a draft tree: a tree step verifies its whole tree each "
+            "round; drop --verify-lengths or draft chains (--tree off)"
+        )
+    if getattr(step, "tree_size", 0):
+        verify_lengths = None
     if block_size is None:
         block_size = step.default_block_size
         if isinstance(verify_lengths, tuple):  # long enough for the lengths asked

@@ -13,6 +13,8 @@ A step has:
 - ``init_cache(batch, cache_len)`` and ``write_context(params, cache, feats, start)``: its own
   context cache (``None`` for a step that keeps none), written with the target features of the
   committed positions every round;
+- ``tree_size``: optional, the nodes of the tree it drafts each round (a step that drafts trees,
+  ``Draft.tree``); absent or 0: chains;
 - ``propose(params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key,
   sampling) -> Draft``: the round's draft. ``anchor``/``start`` int32 ``[B]``: each row's last
   committed token and its position; ``block_valid`` int32 ``[B]``: how many block positions the
@@ -24,7 +26,7 @@ A step has:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,12 +49,17 @@ class Draft(NamedTuple):
         "Sampling": the rejection rule is exact only for a verify length fixed before the draws).
       q: float32 ``[B, K, V]`` under sampling, the distribution each token was drawn from (the
         rejection rule's ``q``); ``None`` when greedy.
+      tree: a ``tree.Tree`` of ``N`` nodes per row from a step that drafts trees (``tree_step``): the
+        loop then verifies the anchor and the ``N`` nodes in one pass and walks the tree (SPEC "Tree
+        verification"); ``tokens``, ``num`` and ``confidence`` describe its best chain, and ``q`` is
+        not used (the walk needs none). ``None``: one chain, ``tokens``.
     """
 
     tokens: Array
     num: Array
     confidence: Array
     q: Array | None = None
+    tree: Any = None
 
 
 def all_real(tokens: Array) -> Array:

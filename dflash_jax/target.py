@@ -461,6 +461,34 @@ def commit_cache(cache: list, keep: Array) -> KVCache:
     return [commit(c, keep) if isinstance(c, PendingLinear) else c for c in cache]
 
 
+def compact_cache(cache: list, start: Array, path: Array) -> KVCache:
+    """The cache after a tree verify (``Target(tree=...)``) whose accept walk took ``path`` (int32
+    ``[B, D + 1]``, the block slot of the path's token at each depth, ``tree.Accepted.path``): every
+    attention layer's key/value rows of slots ``start + path[d]`` move to ``start + d``, so the
+    accepted path lies in place, slot = position, and no other branch survives (SPEC "Tree
+    verification" 4). Reads every moved row before writing (a path slot is never below its depth).
+
+    Raises:
+      ValueError: a linear-attention layer (their state has no per-node copy; trees are refused there).
+    """
+    out = []
+    for c in cache:
+        if not isinstance(c, tuple):
+            raise ValueError("tree verification is not supported with linear-attention (Gated DeltaNet) layers")
+        out.append(tuple(_move_rows(x, start, path) for x in c))
+    return out
+
+
+def _move_rows(x: Array, start: Array, path: Array) -> Array:
+    """``x [B, S, ...]`` with rows ``start[b] + d`` replaced by rows ``start[b] + path[b, d]``."""
+
+    def row(r, s, p):
+        moved = jnp.take(r, s + p, axis=0)  # [D + 1, ...]
+        return jax.lax.dynamic_update_slice_in_dim(r, moved, s, axis=0)
+
+    return jax.vmap(row)(x, start, path)
+
+
 def pad_pending(cache: list, block: int) -> list:
     """Pad the block axis of every ``PendingLinear`` to ``block`` tokens (masked: ``beta = g = 0``), so
     verify passes of different lengths return caches of one shape (``lax.switch``)."""

@@ -114,3 +114,118 @@ def _build_row(vals: Array, ids: Array, budget: int) -> Tree:
 
     _, nodes = jax.lax.fori_loop(0, budget, add, ((base, parent, depth, rank, live), nodes))
     return Tree(*nodes)
+
+
+def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, score: Array | None = None) -> Tree:
+    """``tree`` with a chain of draft tokens below the anchor merged in (SPEC "Tree verification" 1:
+    another draft as a branch, e.g. prompt lookup's continuation), as ``nodes`` more nodes.
+
+    The branch's tokens ``branch[b, :num[b]]`` (int32 ``[B, K]``, ``num`` int32 ``[B]``) follow the
+    tree from the anchor as far as a node holds them; the rest become new nodes, each the child of
+    the one before. A token the tree already holds is not added twice (no two children of one node
+    hold the same token: the accept walk relies on it), so the new nodes that shadow existing ones,
+    and those past ``num`` or past ``nodes``, are padding. Parents still come before children.
+
+    Args:
+      score: optional float32 ``[B, K]``, the summed log-probability to record for the branch's
+        prefixes (default 0: certain).
+
+    Returns:
+      ``Tree`` of ``N + nodes`` nodes.
+    """
+    b, n = tree.tokens.shape
+    r = min(nodes, branch.shape[1])
+    score = jnp.zeros(branch.shape, jnp.float32) if score is None else score
+    extra = (
+        jnp.zeros((b, nodes), jnp.int32),
+        jnp.full((b, nodes), -1, jnp.int32),
+        jnp.zeros((b, nodes), jnp.int32),
+        jnp.full((b, nodes), -jnp.inf, jnp.float32),
+        jnp.zeros((b, nodes), bool),
+    )
+    tok, par, dep, sc, ok = (jnp.concatenate(pair, axis=1) for pair in zip(tree, extra))
+    at = jnp.full((b,), -1, jnp.int32)  # the node the branch has reached (-1: the anchor)
+    for j in range(r):
+        want = branch[:, j]
+        same = ok & (par == at[:, None]) & (tok == want[:, None])  # a child of `at` holding the token
+        found = jnp.any(same, axis=1)
+        new = (j < num) & ~found
+        i = n + j
+        tok = tok.at[:, i].set(jnp.where(new, want, 0))
+        par = par.at[:, i].set(jnp.where(new, at, -1))
+        dep = dep.at[:, i].set(jnp.where(new, j + 1, 0))
+        sc = sc.at[:, i].set(jnp.where(new, score[:, j], -jnp.inf))
+        ok = ok.at[:, i].set(new)
+        at = jnp.where(found, jnp.argmax(same, axis=1).astype(jnp.int32), jnp.where(new, i, at))
+    return Tree(tok, par, dep, sc, ok)
+
+
+def ancestor_mask(tree: Tree) -> Array:
+    """bool ``[B, N + 1, N + 1]``: which block token sees which, for a block of the anchor (slot 0)
+    then the nodes (node ``i`` at slot ``i + 1``): every real token sees the anchor, its ancestors and
+    itself; a padding node sees nothing (SPEC "Tree verification" 2; ``target.tree_mask`` adds the
+    cache)."""
+    b, n = tree.tokens.shape
+    eye = jnp.eye(n + 1, dtype=bool)
+    # parent as a one-hot over slots; a node's ancestors are its parent's plus its parent
+    par_slot = jnp.where(tree.parent >= 0, tree.parent + 1, 0)
+    mask = jnp.broadcast_to(eye, (b, n + 1, n + 1))
+    mask = mask.at[:, 1:, 0].set(True)
+
+    def row(i, m):  # parents come before children: one pass in node order
+        p = par_slot[:, i]
+        return m.at[:, i + 1].set(m[:, i + 1] | jnp.take_along_axis(m, p[:, None, None], axis=1)[:, 0])
+
+    mask = jax.lax.fori_loop(0, n, row, mask)
+    valid = jnp.concatenate([jnp.ones((b, 1), bool), tree.valid], axis=1)
+    return mask & valid[:, :, None] & valid[:, None, :]
+
+
+class Accepted(NamedTuple):
+    """What the accept walk of a verified tree found, per row.
+
+    Fields:
+      length: int32 ``[B]``, the accepted draft tokens ``a`` (the path's depth; 0: none).
+      path: int32 ``[B, D + 1]``, the block slot of the path's token at each depth ``0 .. D`` (slot 0,
+        the anchor, at depth 0; past ``a`` the depth itself, a slot nothing reads).
+      bonus: int32 ``[B]``, the target's token after the path (its token at the path's last slot).
+    """
+
+    length: Array
+    path: Array
+    bonus: Array
+
+
+def accept_walk(tree: Tree, target_tokens: Array, max_depth: int) -> Accepted:
+    """The accept walk (SPEC "Tree verification" 3): from the anchor, take the target's token at
+    the current node; go on to the child holding it, else it is the bonus token and the walk ends.
+
+    ``target_tokens``: int32 ``[B, N + 1]``, the target's token at each block slot (anchor at 0):
+    its argmax (greedy), or one sample from its tempered distribution there (sampling; lossless
+    with no draft distribution, since every emitted token is the target's own at its true context).
+    Since no two children of a node hold the same token (``build_tree``, ``add_branch``), the path is
+    unique: it ends at the deepest node whose every ancestor's target token is the next node's.
+    ``max_depth``: static, the deepest a node can be (the block's draft offsets).
+    """
+    b, n = tree.tokens.shape
+    par_slot = jnp.where(tree.parent >= 0, tree.parent + 1, 0)
+    follows = tree.valid & (tree.tokens == jnp.take_along_axis(target_tokens, par_slot, axis=1))
+
+    def node(i, acc):  # parents come before children: one pass in node order
+        p = tree.parent[:, i]
+        parent_ok = (p < 0) | jnp.take_along_axis(acc, jnp.maximum(p, 0)[:, None], axis=1)[:, 0]
+        return acc.at[:, i].set(follows[:, i] & parent_ok)
+
+    acc = jax.lax.fori_loop(0, n, node, jnp.zeros((b, n), bool))
+    reach = jnp.where(acc, tree.depth, 0)
+    best = jnp.argmax(reach, axis=1).astype(jnp.int32)  # the path's end (any node when none: length 0)
+    length = jnp.max(reach, axis=1).astype(jnp.int32)
+    rows = jnp.arange(b)
+    path = jnp.broadcast_to(jnp.arange(max_depth + 1, dtype=jnp.int32), (b, max_depth + 1))
+    at = jnp.where(length > 0, best, -1)
+    for _ in range(max_depth):  # from the end up to the anchor
+        d = jnp.where(at >= 0, tree.depth[rows, jnp.maximum(at, 0)], 0)
+        path = path.at[rows, d].set(jnp.where(at >= 0, at + 1, path[rows, d]))
+        at = jnp.where(at >= 0, tree.parent[rows, jnp.maximum(at, 0)], -1)
+    last = jnp.where(length > 0, best + 1, 0)
+    return Accepted(length, path, target_tokens[rows, last])

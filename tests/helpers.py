@@ -299,3 +299,40 @@ def write_tiny_qwen3_moe_gguf(folder: Path, omit: tuple[str, ...] = ()):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+class OracleTree(OracleDraft):
+    """A tree draft step whose first branch is wrong from its first token and whose second holds the
+    target's greedy continuation (``OracleDraft``'s parameters, with its ``err`` positions wrong on
+    the second branch too): every round accepts the second branch as far as the chain oracle would,
+    which only holds if the verify's mask, positions and the commit's compaction are right. Node
+    layout: ``wrong`` nodes of a chain of wrong tokens, then the ``K`` nodes of the continuation,
+    then padding up to ``tree_size``."""
+
+    def __init__(self, vocab_size: int, max_block_size: int, wrong: int = 3, padding: int = 2):
+        super().__init__(vocab_size, max_block_size)
+        self.wrong = wrong
+        self.tree_size = wrong + max_block_size - 1 + padding
+
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        import jax.numpy as jnp
+
+        from dflash_jax.steps import Draft, all_real
+        from dflash_jax.tree import Tree
+
+        good = self.draft(params, target_params, cache, anchor, start, block_valid, block_len)  # [B, K]
+        b, k = good.shape
+        w, pad = self.wrong, self.tree_size - self.wrong - k
+        bad = (good[:, :w] + 7) % self.vocab_size  # never the right token at depth 1
+        tok = jnp.concatenate([bad, good, jnp.zeros((b, pad), jnp.int32)], axis=1)
+        parent = jnp.asarray([-1, *range(w - 1)] + [-1, *range(w, w + k - 1)] + [-1] * pad, jnp.int32)
+        depth = jnp.asarray([*range(1, w + 1), *range(1, k + 1)] + [0] * pad, jnp.int32)
+        valid = jnp.asarray([True] * (w + k) + [False] * pad)
+        tree = Tree(
+            tok,
+            jnp.broadcast_to(parent, tok.shape),
+            jnp.broadcast_to(depth, tok.shape),
+            jnp.zeros(tok.shape, jnp.float32),
+            jnp.broadcast_to(valid, tok.shape),
+        )
+        return Draft(good, all_real(good), jnp.ones(good.shape, jnp.float32), None, tree)

@@ -158,3 +158,170 @@ def test_a_tree_block_is_refused_by_a_recurrent_target(tiny_models):
     block, tree = jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3, 3), bool)
     with pytest.raises(ValueError, match="not supported with linear-attention .Gated DeltaNet. layers"):
         Target(ck.cfg).apply({"params": ck.params}, block, jnp.arange(3)[None], init_cache(ck.cfg, 1, 16), tree=tree)
+
+
+# --- the pieces of a tree round, against plain-Python statements of SPEC "Tree verification" ---
+
+
+def _random_tree(rng, b=3, n=10, k=4, vocab=6):
+    from dflash_jax.tree import build_tree
+
+    logits = rng.normal(size=(b, k, vocab)).astype(np.float32) * 2
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return build_tree(logp, n)
+
+
+def _nodes(tree, row):
+    t = [np.asarray(x)[row] for x in tree]
+    return [(int(t[0][i]), int(t[1][i]), int(t[2][i]), bool(t[4][i])) for i in range(len(t[0]))]
+
+
+def test_a_branch_follows_the_tree_and_adds_only_what_it_lacks():
+    """Prompt lookup's continuation merged into a tree: the tokens the tree holds are followed, the
+    rest hang below them as new nodes, none twice, none past the branch's length."""
+    import jax.numpy as jnp
+
+    from dflash_jax.tree import add_branch
+
+    rng = np.random.default_rng(0)
+    tree = _random_tree(rng)
+    for row in range(3):
+        nodes = _nodes(tree, row)
+        # a branch that starts along the tree's best path for two tokens, then leaves it
+        first = next(i for i, n in enumerate(nodes) if n[1] == -1 and n[3])
+        second = next(i for i, n in enumerate(nodes) if n[1] == first and n[3])
+        branch = [nodes[first][0], nodes[second][0], 5, 5]
+        for num in (0, 1, 3, 4):
+            merged = add_branch(tree, jnp.asarray([branch] * 3), jnp.asarray([num] * 3), 4)
+            got = _nodes(merged, row)
+            assert got[:10] == nodes  # the tree is kept as it was
+            new = [n for n in got[10:] if n[3]]
+            # plain statement: walk the branch down the tree, add what no child holds
+            want, at = [], -1
+            for j, token in enumerate(branch[:num]):
+                kids = [i for i, n in enumerate(nodes + want) if n[3] and n[1] == at and n[0] == token]
+                if kids:
+                    at = kids[0]
+                else:
+                    want.append((token, at, j + 1, True))
+                    at = 10 + j
+            assert new == want, (row, num)
+            assert [got[10 + j] for j in range(4) if got[10 + j][3]] == want  # each at slot 10 + its depth - 1
+
+
+def test_the_ancestor_mask_and_the_walk_follow_the_parents():
+    """``ancestor_mask``: a token sees the anchor, its ancestors and itself, padding sees nothing;
+    ``accept_walk``: the path a plain walk from the anchor takes, its slots by depth, the bonus."""
+    from dflash_jax.tree import accept_walk, ancestor_mask
+
+    rng = np.random.default_rng(1)
+    tree = _random_tree(rng, b=4, n=12, k=4, vocab=4)
+    mask = np.asarray(ancestor_mask(tree))
+    for row in range(4):
+        nodes = _nodes(tree, row)
+        for i, (_, parent, _, ok) in enumerate(nodes):
+            want = np.zeros(13, bool)
+            if ok:
+                want[0] = want[i + 1] = True
+                while parent >= 0:
+                    want[parent + 1], parent = True, nodes[parent][1]
+            np.testing.assert_array_equal(mask[row, i + 1], want)
+        assert mask[row, 0].tolist() == [True] + [False] * 12
+    for _ in range(20):
+        # target tokens: mostly the tree's own children, sometimes not
+        target = rng.integers(0, 4, (4, 13)).astype(np.int32)
+        walk = accept_walk(tree, target, 4)
+        for row in range(4):
+            nodes = _nodes(tree, row)
+            slot, path = 0, [0]
+            while True:
+                kids = [i for i, n in enumerate(nodes) if n[3] and n[1] == slot - 1 and n[0] == target[row, slot]]
+                if not kids:
+                    break
+                slot = kids[0] + 1
+                path.append(slot)
+            a = len(path) - 1
+            assert int(walk.length[row]) == a
+            assert np.asarray(walk.path)[row, : a + 1].tolist() == path
+            assert int(walk.bonus[row]) == target[row, slot]
+
+
+# --- trees in the decoding loop ---
+
+FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe"]  # dense; sliding window with sinks; mixture of experts
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def target(request, tiny_models):
+    from dflash_jax import checkpoint
+    from dflash_jax.decode import Decoder
+
+    ck = checkpoint.load_target(tiny_models[request.param][2])
+    return ck, Decoder(ck.params, ck.cfg)
+
+
+def test_an_oracle_tree_accepts_its_second_branch_whole(target):
+    """A tree whose first branch is wrong at once and whose second holds the target's continuation
+    (with chosen errors): every round accepts what a chain oracle accepts, so the nodes of the second
+    branch saw the right cache and ancestors at the right positions, and the commit moved their keys,
+    values into place (a wrong slot corrupts every later round). Ragged batch, stop token, limit."""
+    from helpers import OracleTree, expected_rounds, oracle_params
+
+    from dflash_jax.decode import Decoder
+    from dflash_jax.speculation import make_plan
+
+    ck, plain = target
+    bs, rs = 5, np.random.RandomState(11)
+    prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11, 3)]
+    greedy = [r.token_ids for r in plain.generate(prompts, 40)]
+    errors = [{len(p) + 3, len(p) + 9, len(p) + 10} for p in prompts]
+    stop = greedy[1][22]
+    step = OracleTree(ck.cfg.vocab_size, bs)
+    dec = Decoder(ck.params, ck.cfg, make_plan(step, oracle_params(prompts, greedy, errors)))
+    want = plain.generate(prompts, 33, stop_token_ids=[stop])
+    got = dec.generate(prompts, 33, stop_token_ids=[stop])
+    for p, g, e, w, r in zip(prompts, greedy, errors, want, got):
+        assert r.token_ids == w.token_ids
+        assert r.acceptance_lengths == expected_rounds(len(p), g, e, bs, 33, stop_ids=(stop,))
+    assert sum(bs in r.acceptance_lengths for r in got) >= 2  # whole branches were accepted
+    assert got[1].token_ids[-1] == stop
+
+
+@pytest.mark.parametrize("budget,ngram", [(3, False), (12, False), (12, True)])
+def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram):
+    """A random DFlash drafter's best-first trees (and prompt lookup's branch): greedy output equals
+    plain decoding, batch of 1 and a ragged batch of 4, at the length limit and at a stop token."""
+    from dflash_jax.decode import Decoder
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+    from dflash_jax.ngram import NgramStep
+    from dflash_jax.speculation import make_plan
+    from dflash_jax.tree_step import TreeStep
+
+    ck, plain = target
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    step = TreeStep(DraftStep(dcfg, ck.cfg), budget, NgramStep(ngram_max=3) if ngram else None, min_match=1)
+    dec = Decoder(ck.params, ck.cfg, make_plan(step, init_drafter_params(dcfg, seed=1)))
+    rs = np.random.RandomState(budget)
+    # repetitive prompts, so that prompt lookup finds matches
+    prompts = [(rs.randint(4, 12, n).tolist() * 3)[: 3 * n] for n in (4, 9, 2, 6)]
+    stop = plain.generate(prompts[1:2], 20)[0].token_ids[12]
+    for batch in (prompts[:1], prompts):
+        want = plain.generate(batch, 20, stop_token_ids=[stop])
+        got = dec.generate(batch, 20, stop_token_ids=[stop])
+        for w, g in zip(want, got):
+            assert g.token_ids == w.token_ids
+            assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
+
+
+def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
+    from dflash_jax import checkpoint
+    from dflash_jax.decode import Decoder
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+    from dflash_jax.speculation import make_plan
+    from dflash_jax.tree_step import TreeStep
+
+    ck = checkpoint.load_target(tiny_models["qwen3_5"][2])
+    dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
+    plan = make_plan(TreeStep(DraftStep(dcfg, ck.cfg), 4), init_drafter_params(dcfg, seed=1))
+    with pytest.raises(ValueError, match="not supported with linear-attention"):
+        Decoder(ck.params, ck.cfg, plan)

@@ -1,0 +1,107 @@
+"""The tree draft step: a draft tree per row and round, from the DFlash drafter and prompt lookup.
+
+``TreeStep`` turns one drafter forward into a tree (SPEC "Tree verification" 1): the best-first
+tree of the drafter's per-offset distributions (``tree.build_tree``), plus, where the last committed
+tokens occurred before, prompt lookup's continuation as one more branch (``tree.add_branch``): one
+tree holding both drafts. The loop (``decode.decode_loop``) verifies the anchor and every node in
+one target pass and walks the tree (``tree.accept_walk``), so it stays lossless at any temperature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from dflash_jax.ngram import NgramStep, ngram_match
+from dflash_jax.steps import Draft, all_real
+from dflash_jax.tree import add_branch, build_tree
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeStep:
+    """A draft step (``steps``) that drafts a tree of ``budget`` nodes per row and round.
+
+    Fields:
+      dflash: the drafter's step (``drafter.DraftStep``: its ``logprobs`` per block offset).
+      budget: static, the tree's nodes (the verify is ``budget + 1`` tokens wide).
+      ngram: optional prompt lookup (``NgramStep``); its continuation, where the last ``min_match``
+        or more committed tokens occurred before, is merged in as a branch of up to ``ngram_nodes``
+        nodes (tokens the drafter's tree already holds are not added twice). Those nodes come out
+        of ``budget``: the drafter's tree has ``budget - ngram_nodes``.
+      ngram_nodes: the branch's nodes (default: the block's draft offsets, capped at ``budget - 1``).
+
+    Raises:
+      ValueError: a budget below 1, or an n-gram branch that leaves the drafter no node.
+    """
+
+    dflash: object
+    budget: int
+    ngram: NgramStep | None = None
+    min_match: int = 2
+    ngram_nodes: int | None = None
+
+    def __post_init__(self):
+        if self.budget < 1:
+            raise ValueError(f"a draft tree needs a budget of at least 1 node, got {self.budget}")
+        if self.ngram is not None and not 1 <= self.branch_nodes < self.budget:
+            raise ValueError(
+                f"the prompt-lookup branch takes {self.branch_nodes} of the tree's {self.budget} nodes; "
+                "give the tree a larger budget or the branch fewer nodes (ngram_nodes)"
+            )
+
+    @property
+    def branch_nodes(self) -> int:
+        """Nodes of the prompt-lookup branch (0 without prompt lookup)."""
+        if self.ngram is None:
+            return 0
+        if self.ngram_nodes is not None:
+            return self.ngram_nodes
+        return min(self.dflash.max_block_size - 1, self.budget - 1)
+
+    @property
+    def tree_size(self) -> int:
+        return self.budget
+
+    @property
+    def cfg(self):
+        return self.dflash.cfg
+
+    @property
+    def tap_layers(self):
+        return self.dflash.tap_layers
+
+    @property
+    def max_block_size(self) -> int:
+        return self.dflash.max_block_size
+
+    @property
+    def default_block_size(self) -> int:
+        return self.dflash.max_block_size
+
+    def init_cache(self, batch: int, cache_len: int):
+        return self.dflash.init_cache(batch, cache_len)
+
+    def write_context(self, params, cache, feats, start):
+        return self.dflash.write_context(params, cache, feats, start)
+
+    def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
+        """The round's ``Draft`` with its ``tree``: the best ``budget - branch_nodes`` prefixes of the
+        drafter's distributions at offsets ``1 .. block_len - 1`` (tempered under sampling, where the
+        tree's shape, not a draw, is what the walk needs), and the prompt-lookup branch. ``tokens``,
+        ``confidence``: the drafter's best chain and its probabilities (for logs; the tree decides)."""
+        k = block_len - 1
+        logp = self.dflash.logprobs(
+            params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens, sampling=sampling
+        )
+        tree = build_tree(logp, self.budget - self.branch_nodes)
+        if self.ngram is not None:
+            cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
+            use = (matched >= self.min_match) & (num > 0)
+            tree = add_branch(tree, cont, jnp.where(use, num, 0), self.branch_nodes)
+        best = jnp.argmax(logp, axis=-1).astype(jnp.int32)
+        conf = jnp.exp(jnp.max(logp, axis=-1))
+        return Draft(best, all_real(best), conf, None, tree)
