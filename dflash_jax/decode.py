@@ -340,7 +340,7 @@ def decode_loop(
                 key=k_draft,
                 sampling=sampling,
             )
-            if not sampling.greedy and draft.q is None:
+            if not sampling.greedy and draft.q is None and draft.tree is None:  # a tree's walk needs no q
                 raise ValueError(
                     f"{type(drafter).__name__}.propose returned no q under sampling; it drafts greedily only"
                 )

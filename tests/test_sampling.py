@@ -240,3 +240,29 @@ def test_dflash2_sampling_keeps_the_target_distribution(tiny, s):
     assert multi > N // 20  # drafts were accepted
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
     assert chi_square_p(counts, exact_joint(cfg, params, Sampling(s.temperature * 1.5, s.top_p, s.top_k))) < P_REJECT
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=["t0.8", "t1-p0.9-k5"])
+def test_tree_sampling_keeps_the_target_distribution(tiny, s):
+    """Draft trees under sampling (SPEC "Tree verification" 3): the walk takes one draw of the target's
+    tempered p at each node and follows the child holding it; the output is the target's distribution
+    (chi-square, power shown by the other temperature), trees were accepted past one token, and a
+    request's output does not depend on the batch it is in."""
+    from dflash_jax.ngram import NgramStep
+    from dflash_jax.tree_step import TreeStep
+
+    cfg, params, dcfg, dparams = tiny
+    step = TreeStep(DraftStep(dcfg, cfg), 6, NgramStep(ngram_max=2), min_match=1, ngram_nodes=2)
+    spec = Decoder(params, cfg, make_plan(step, dparams), sampling=s)
+    counts = np.zeros((V, V, V))
+    multi = 0
+    for c in range(0, N, CHUNK):
+        for r in spec.generate([PROMPT] * CHUNK, 3, (), seed=list(range(c, c + CHUNK))):
+            counts[tuple(r.token_ids)] += 1
+            multi += max(r.acceptance_lengths) > 1
+    assert multi > N // 20  # trees were accepted past their first token
+    assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
+    assert chi_square_p(counts, exact_joint(cfg, params, Sampling(s.temperature * 1.5, s.top_p, s.top_k))) < P_REJECT
+    alone = spec.generate([PROMPT], 12, (), seed=5)[0].token_ids
+    batch = spec.generate([[2, 3], PROMPT, [6] * 9], 12, (), seed=[1, 5, 9])
+    assert batch[1].token_ids == alone
