@@ -120,6 +120,7 @@ def run(
                             **_timing(r),
                             "acceptance_lengths": r.acceptance_lengths,
                             "block_size": dec.block_size,
+                            **({"tree_nodes": dec.tree_size} if dec.tree_size else {}),
                             "identical": r.token_ids == b.token_ids,
                         }
                 for rec in new:
@@ -260,9 +261,17 @@ def summarise(records: Sequence[dict], arm: int | str) -> dict:
         return toks / max(sum(r[key]["decode_s"] for r in recs), 1e-9)
 
     plain_tps, spec_tps = tps("plain"), tps(k)
+    # tokens per position the target verifies: a tree verifies its anchor and nodes each round, a DFlash
+    # row its whole block (an arm choosing its verify length per round: not recorded, None)
+    width = (
+        recs[0][k].get("tree_nodes", 0) + 1
+        if "tree_nodes" in recs[0][k]
+        else (block_size if isinstance(arm, int) else None)
+    )
     return {
         "prompts": len(recs),
         "tau": float(np.mean(acc)) if acc else 0.0,
+        "tokens_per_verified": float(np.mean(acc)) / width if acc and width else None,
         "tau_per_prompt": float(np.mean(per_prompt)) if per_prompt else 0.0,
         "rounds": len(acc),
         "acceptance_histogram": hist.tolist(),

@@ -96,6 +96,14 @@ def _add_speculation(p) -> None:
         "DFlash drafter runs: prompt lookup alone, plain). Lossless either way",
     )
     p.add_argument(
+        "--tree",
+        default="off",
+        metavar="off|N",
+        help="with a DFlash drafter: verify a draft tree of N nodes per round (the best-first tree of the drafter's "
+        "per-offset distributions, with prompt lookup's continuation as a branch when --prompt-lookup is on; "
+        "lossless, at any temperature), or one chain (off). Not for Gated DeltaNet targets (Qwen3.5)",
+    )
+    p.add_argument(
         "--calibrate",
         default="on",
         choices=["on", "off"],
@@ -111,6 +119,7 @@ def _check_speculation(args) -> None:
         speculation.check_request(
             args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths, args.draft_vocab, block
         )
+        speculation.parse_tree(args.tree)
     except (ValueError, DFlashError) as e:
         sys.exit(f"error: {e}")
 
@@ -127,6 +136,7 @@ def _plan(args, ck, tok, drafter=None, **overrides):
         calibrate=args.calibrate == "on",
         draft_vocab=args.draft_vocab,
         seed=getattr(args, "seed", 0),
+        tree=args.tree,
     )
     try:
         return speculation.plan_for(ck, drafter or args.drafter, tok, **{**settings, **overrides})
@@ -358,6 +368,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         choices=["on", "off"],
         help="also measure prompt lookup alone (the training-free baseline) at the largest block size",
+    )
+    b.add_argument(
+        "--tree-arms",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also measure the DFlash drafter alone as a draft tree of N nodes per round at its own block size "
+        "(rows tree16, ...; compare with its chain row at that block)",
     )
     b.add_argument(
         "--default-arm",
@@ -751,6 +770,9 @@ def cmd_bench(args) -> None:
         arms.append("ngram")
         ngram = NgramStep(args.ngram_max, args.ngram_min, max(blocks))
         plans["ngram"] = speculation.make_plan(ngram, label="prompt lookup alone")
+    for n in args.tree_arms:  # the drafter alone as a tree of n nodes, every node verified
+        arms.append(f"tree{n}")
+        plans[f"tree{n}"] = _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=None, tree=n)
     if args.default_arm == "on":  # what generate does with these flags, at generate's default block: with
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone
         arms.append("default")
@@ -769,6 +791,7 @@ def cmd_bench(args) -> None:
                     "prompt_lookup": args.prompt_lookup,
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
+                    **({"tree": args.tree} if args.tree != "off" else {}),
                     # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8; v5 (sampled only): the
                     # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged)
                     "code": "speculation_for v4" if sampling.greedy else "speculation_for v5",

@@ -34,6 +34,7 @@ from dflash_jax.drafter import DRAFT_VOCAB, DrafterConfig, DraftStep
 from dflash_jax.drafter_io import check_draft_vocab_size, drafter_for, resolve_drafter
 from dflash_jax.errors import ConfigError
 from dflash_jax.ngram import HybridStep, NgramStep
+from dflash_jax.tree_step import TreeStep
 
 # The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
 # compute-bound (a 16-token verify costs 2.1-3.8 plain steps on the 2-core machines this project
@@ -288,6 +289,23 @@ def load(spec: str, ck: TargetCheckpoint, tok, *, seed: int = 0, draft_vocab: in
     return Drafter(params, cfg, resolved, shipped=spec == "auto")
 
 
+def parse_tree(value: int | str | None) -> int:
+    """``--tree`` as a node budget: ``None``/``"off"``/0 -> 0 (chains), else a whole number >= 2.
+
+    Raises:
+      ValueError: anything else.
+    """
+    if value is None or value in ("off", 0, "0"):
+        return 0
+    try:
+        budget = _whole(value)
+    except (TypeError, ValueError):
+        budget = 0
+    if budget < 2:
+        raise ValueError(f"--tree takes off or a node budget of 2 or more (such as 16); got {value!r}")
+    return budget
+
+
 def ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:
     """``NGRAM_CONFIDENCE`` for suffix lengths 1..ngram_max (lengths past 4 take length 4's)."""
     return tuple(NGRAM_CONFIDENCE[min(n, len(NGRAM_CONFIDENCE)) - 1] for n in range(1, ngram_max + 1))
@@ -308,6 +326,7 @@ def plan_for(
     draft_vocab: int | None = None,
     seed: int = 0,
     backend: str | None = None,
+    tree: int | str | None = None,
 ) -> Plan | None:
     """The plan for what a user asks (``generate``'s flags); ``None``: plain decoding.
 
@@ -325,7 +344,7 @@ def plan_for(
 
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
-        drafter.
+        drafter; a tree without a DFlash drafter, or a tree budget below 2.
       ConfigError, CheckpointError: as ``load``.
     """
     if isinstance(drafter, os.PathLike):
@@ -347,9 +366,17 @@ def plan_for(
         calibrate=calibrate,
         backend=backend,
     )
+    budget = parse_tree(tree)
+    if budget and isinstance(loaded, str):
+        raise ValueError(f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter")
     if loaded == "ngram":
         return make_plan(ngram, label="prompt lookup alone", **settings)
     alone = DraftStep(loaded.cfg, ck.cfg)
+    if budget:
+        branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
+        step = TreeStep(alone, budget, branch, min(2, ngram_max))
+        words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
+        return make_plan(step, loaded.params, label=words, **settings)
     reads = loaded.cfg.block_input == "ngram"  # its block input is the prompt-lookup continuation
     label = f"{loaded.label} {'reading prompt lookup' if reads else 'alone'}"
     auto_on_cpu = loaded.shipped and (backend or jax.default_backend()) == "cpu"

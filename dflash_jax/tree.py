@@ -66,6 +66,9 @@ def build_tree(logprobs: Array, budget: int, width: int | None = None) -> Tree:
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     vals, ids = jax.lax.top_k(logprobs.astype(jnp.float32), width)  # [B, K, W], best first
+    # computed once, before the loop: without the barrier XLA (CPU) moved the top-k into the loop's
+    # reads of it, 145 ms instead of 1.6 ms for one row of 15 offsets over a 49152-token vocabulary
+    vals, ids = jax.lax.optimization_barrier((vals, ids))
     return jax.vmap(lambda v, i: _build_row(v, i, budget))(vals, ids.astype(jnp.int32))
 
 

@@ -1,0 +1,170 @@
+"""Greedy tau of draft trees against one chain, from recorded plain answers (no decoding).
+
+A greedy speculative decode commits exactly the target's plain greedy output, so its rounds follow
+from that output (``study_tau.py``): a round anchored at position ``p`` commits ``1 + a`` tokens,
+``a`` the accepted draft tokens. For a chain, ``a`` is how many of the drafter's argmax tokens at
+offsets 1, 2, ... match the answer; for a tree of ``N`` nodes (``tree.build_tree``: the ``N`` best
+prefixes of the drafter's per-offset distributions, best first) it is the depth of the deepest
+answer prefix the tree holds (the accept walk of SPEC "Tree verification" 3, greedy). Since a
+best-first tree of ``n`` nodes is the first ``n`` nodes of a larger one, one tree of the largest
+budget per anchor gives every budget: the answer prefix of depth ``d`` is in the ``n``-node tree iff
+the node holding it was added before the ``n``-th.
+
+The drafter runs its training forward at every anchor (``anchor_acceptance``: the decoder's draft
+step on the same context, up to float rounding), with its draft vocabulary and prompt-lookup copy
+column as the decoder drafts with them. The tree here is the drafter's alone (no prompt-lookup
+branch). The last round is cut where the answer ends.
+
+    .venv/bin/python experiments/study_tree_tau.py --per-set 40 --budgets 8 16 32 64 \\
+        --out docs/bench/tree/study_tree_tau.jsonl
+
+Per (set, prompt) one line in ``--out`` (JSON lines: chain rounds and each budget's rounds); a rerun
+skips what is there. Prints tau per set: the chain at the drafter's block, each tree, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+from anchor_acceptance import simulated_rounds
+from ngram_acceptance import SETS
+
+
+@functools.cache
+def _compiled(tcfg, dcfg, budget: int):
+    """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and the
+    order in which a ``budget``-node tree added each node (tokens, parents, depths))."""
+    import jax
+    import jax.numpy as jnp
+
+    from dflash_jax import loss
+    from dflash_jax.drafter import block_inputs
+    from dflash_jax.tree import build_tree
+
+    @jax.jit
+    def context(target_params, dparams, toks):
+        feats = loss.target_features(target_params, toks, tcfg=tcfg, layer_ids=dcfg.target_layer_ids)
+        return loss.context_kv(dparams, feats, dcfg)
+
+    @jax.jit
+    def trees(dparams, target_params, ctx, toks, pos, valid, allowed):
+        logits = loss.block_logits(dparams, target_params, ctx, toks, loss.Anchors(pos, valid), tcfg=tcfg, cfg=dcfg)
+        logits, keep = logits[0], allowed  # [chunk, K, V]; the draft vocabulary and the copy tokens
+        if dcfg.copy_bias is not None:
+            bs, k = dcfg.block_size, logits.shape[-2]
+            context = jnp.repeat(jnp.pad(toks, ((0, 0), (0, bs))), pos.shape[1], axis=0)
+            block, num, _ = block_inputs(dcfg, toks[0, pos[0]], pos[0], bs, context)
+            copy = (jnp.arange(k) < num[:, None])[..., None] & (
+                block[:, 1 : k + 1, None] == jnp.arange(logits.shape[-1])
+            )
+            keep = keep | copy
+        logits = jnp.where(keep, logits, -jnp.inf)
+        tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
+        return jnp.argmax(logits, -1), tree.tokens, tree.parent, tree.depth, tree.valid
+
+    return context, trees
+
+
+def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16):
+    """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's."""
+    import jax.numpy as jnp
+
+    b, n = dcfg.block_size, len(full)
+    tokens = np.asarray(full + [0] * b, np.int32)
+    padded = -(-len(tokens) // 128) * 128
+    toks = jnp.asarray(np.pad(tokens, (0, padded - len(tokens)))[None])
+    allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
+    context, trees = _compiled(ck.cfg, dcfg, max(budgets))
+    ctx = context(ck.params, dparams, toks)
+    anchors = list(range(start, n - 1))
+    chain, tree = [], {m: [] for m in budgets}
+    for c in range(0, len(anchors), chunk):
+        part = anchors[c : c + chunk]
+        pos = np.asarray(part + [part[-1]] * (chunk - len(part)), np.int32)[None]
+        valid = (np.arange(chunk) < len(part))[None]
+        best, tok, par, dep, ok = map(np.asarray, trees(dparams, ck.params, ctx, toks, pos, valid, allowed))
+        for j, p in enumerate(part):
+            answer = tokens[p + 1 : p + b]
+            left = n - 1 - p  # the answer ends: no round commits past it
+            chain.append(min(int(np.cumprod(best[j] == answer).sum()), left - 1))
+            # added[d]: the order in which the tree added the answer's prefix of depth d + 1 (inf: never)
+            added, at = [], -1
+            for d in range(b - 1):
+                hit = np.flatnonzero(ok[j] & (par[j] == at) & (tok[j] == answer[d]) & (dep[j] == d + 1))
+                if not len(hit):
+                    break
+                at = int(hit[0])
+                added.append(at)
+            for m in budgets:
+                depth = int(np.sum(np.cumprod(np.asarray(added) < m))) if added else 0
+                tree[m].append(min(depth, left - 1))
+    return chain, tree
+
+
+def main() -> None:
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from dflash_jax import checkpoint, prompts
+    from dflash_jax.drafter_io import load_drafter, read_draft_vocab, resolve_drafter
+    from dflash_jax.tokens import chat_ids
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", default="auto", help="a drafter folder, or auto (the shipped one)")
+    ap.add_argument("--records", type=Path, default=Path("docs/bench/full"), help="folder of t0_<set>.records.jsonl")
+    ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    ap.add_argument("--per-set", type=int, default=40, help="first turns per set")
+    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64], help="tree node budgets")
+    ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per (set, prompt)")
+    args = ap.parse_args()
+
+    ck = checkpoint.load_target("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target("smollm2-135m-instruct")))
+    folder = resolve_drafter(args.drafter, ck)
+    dparams, dcfg, _ = load_drafter(folder)
+    vocab = read_draft_vocab(folder)
+    done = set()
+    if args.out.exists():
+        done = {(r["set"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.sets:
+        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
+        rows = [json.loads(line) for line in (args.records / f"t0_{name}.records.jsonl").read_text().splitlines()[1:]]
+        rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        for r in tqdm(rows, desc=name, leave=False):
+            if (name, r["id"]) in done:
+                continue
+            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
+            full = ids + r["output_ids"]
+            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab)
+            rec = {"set": name, "id": r["id"], "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
+            rec["trees"] = {str(m): simulated_rounds(np.add(a, 1)) for m, a in tree.items()}
+            with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it
+                f.write(json.dumps(rec) + "\n")
+    print_table(args.out, args.sets, args.budgets)
+
+
+def print_table(path: Path, sets, budgets) -> None:
+    """tau per set: the chain, each tree budget, and the tree's tau over the chain's."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    tau = lambda rounds: sum(map(sum, rounds)) / max(sum(map(len, rounds)), 1)  # noqa: E731
+    print("| set (answers) | chain @" + str(rows[0]["block"]) + " | " + " | ".join(f"tree {m}" for m in budgets) + " |")
+    print("|---|---|" + "---|" * len(budgets))
+    for name in sets:
+        mine = [r for r in rows if r["set"] == name]
+        if not mine:
+            continue
+        c = tau([r["chain"] for r in mine])
+        cells = [
+            f"{tau([r['trees'][str(m)] for r in mine]):.2f} ({tau([r['trees'][str(m)] for r in mine]) / c:.2f}x)"
+            for m in budgets
+        ]
+        print(f"| {name} ({len(mine)}) | {c:.2f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
