@@ -772,7 +772,9 @@ def cmd_bench(args) -> None:
         plans["ngram"] = speculation.make_plan(ngram, label="prompt lookup alone")
     for n in args.tree_arms:  # the drafter alone as a tree of n nodes, every node verified
         arms.append(f"tree{n}")
-        plans[f"tree{n}"] = _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=None, tree=n)
+        plans[f"tree{n}"] = _plan(
+            args, ck, tok, drafter, prompt_lookup=False, block_size=None, tree=n, verify_lengths=None
+        )
     if args.default_arm == "on":  # what generate does with these flags, at generate's default block: with
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone
         arms.append("default")

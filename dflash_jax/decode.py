@@ -55,7 +55,7 @@ from dflash_jax.sampling import GREEDY, Sampling, accept, probs, sample
 from dflash_jax.sharding import axis_rules
 from dflash_jax.speculation import Plan
 from dflash_jax.target import Target, TargetConfig, commit_cache, compact_cache, init_cache, pad_pending
-from dflash_jax.tree import accept_walk, ancestor_mask
+from dflash_jax.tree import Tree, accept_walk, ancestor_mask, node_probability, on_path, path_probability
 from dflash_jax.utils import atomic_write_text, home, json_sha256
 
 Array = jax.Array
@@ -139,6 +139,27 @@ def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, 
     return index, jnp.asarray(lengths, jnp.int32)[row]
 
 
+def choose_tree_width(path_p: Array, active: Array, widths, costs) -> tuple[Array, Array]:
+    """Per row, the verify width (the anchor and the first ``width - 1`` nodes of its best-first tree,
+    ``tree.sort_tree``) that commits most tokens per unit of cost; and the batch's.
+
+    A verify of the first ``n`` nodes commits ``1 + sum_{i < n} path_p[i]`` tokens in expectation
+    (``path_p [B, N]``: each node's probability of being accepted, ``tree.path_probability``; the first
+    ``n`` nodes of a best-first tree are the best ``n``-node tree it holds, so a chain of ``n`` is never
+    better by this count). ``costs [len(widths)]``: a round's cost at each width (ascending). As
+    ``choose_verify_length``: each row picks from its own tree alone, the batch verifies the widest
+    pick of its active rows, and a row's tree is cut to its own pick (lossless whatever it picks).
+
+    Returns:
+      ``(index, row_widths)``: int32 scalar index into ``widths``, int32 ``[B]`` each row's pick.
+    """
+    cum = jnp.concatenate([jnp.zeros_like(path_p[:, :1]), jnp.cumsum(path_p, axis=1)], axis=1)  # [B, N + 1]
+    expected = jnp.stack([1.0 + cum[:, w - 1] for w in widths], axis=1)  # [B, len(widths)]
+    row = jnp.argmax(expected / costs.astype(jnp.float32), axis=1)
+    index = jnp.max(jnp.where(active, row, 0)).astype(jnp.int32)
+    return index, jnp.asarray(widths, jnp.int32)[row]
+
+
 # Online calibration of a draft step's confidence, per row (``calibrate``): confidences fall in
 # CALIBRATION_BINS equal bins of [0, 1]; each bin starts from CALIBRATION_PRIOR pseudo-verifications
 # at the step's own estimate, and every draft token the target checks adds one observation.
@@ -178,6 +199,15 @@ def update_calibration(stats: Array, conf: Array, accepted: Array, checked: Arra
     onehot = jax.nn.one_hot(_conf_bins(conf), CALIBRATION_BINS, dtype=jnp.float32)  # [B, K, bins]
     counts = jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
     return stats + counts
+
+
+def update_node_calibration(stats: Array, node_p: Array, checked: Array, accepted: Array) -> Array:
+    """``update_calibration`` for a tree round: ``node_p [B, N]`` each node's probability given its
+    parent (uncalibrated), ``checked`` bool ``[B, N]`` the nodes the target checked with their parent
+    accepted, ``accepted`` bool ``[B, N]`` those on the accepted path."""
+    onehot = jax.nn.one_hot(_conf_bins(node_p), CALIBRATION_BINS, dtype=jnp.float32)  # [B, N, bins]
+    seen, hit = checked.astype(jnp.float32), (checked & accepted).astype(jnp.float32)
+    return stats + jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
 
 
 def prefill(
@@ -277,7 +307,7 @@ def verify_tree(target_params, anchor: Array, tree, start: Array, cache, keys: A
     keys and values written (``target.compact_cache`` keeps the accepted path)."""
     model = Target(cfg)
     block = jnp.concatenate([anchor[:, None], tree.tokens], axis=1)
-    positions = start[:, None] + jnp.concatenate([jnp.zeros_like(tree.depth[:, :1]), tree.depth], axis=1)
+    positions = start[:, None] + jnp.concatenate([jnp.zeros_like(start)[:, None], tree.depth], axis=1)
     mask = ancestor_mask(tree)
     hidden, feats, cache = model.apply({"params": target_params}, block, positions, cache, taps, tree=mask)
     logits = model.apply({"params": target_params}, hidden, method="logits")
@@ -287,6 +317,20 @@ def verify_tree(target_params, anchor: Array, tree, start: Array, cache, keys: A
     slots = jnp.arange(block.shape[1])
     draw = jax.vmap(lambda k, row: jax.vmap(lambda i, pi: sample(jax.random.fold_in(k, i), pi))(slots, row))
     return draw(keys, p), feats, cache
+
+
+def verify_tree_width(target_params, anchor, tree, start, cache, keys, width: int, **kw):
+    """``verify_tree`` of the anchor and the tree's first ``width - 1`` nodes (parents come first, so
+    their ancestors are among them), its outputs padded back to the whole tree (target tokens -1,
+    features 0) so that verifies of every width have one shape (the loop's ``lax.switch``)."""
+    n = tree.tokens.shape[1]
+    part = Tree(*(x[:, : width - 1] for x in tree))
+    target_tok, feats, cache = verify_tree(target_params, anchor, part, start, cache, keys, **kw)
+    pad = n + 1 - width
+    target_tok = jnp.pad(target_tok, ((0, 0), (0, pad)), constant_values=-1)
+    if feats is not None:
+        feats = jnp.pad(feats, ((0, 0), (0, pad), (0, 0)))
+    return target_tok, feats, cache
 
 
 def decode_loop(
@@ -349,12 +393,26 @@ def decode_loop(
             block = block.at[:, 1:].set(draft.tokens)
             tree = draft.tree
         calibration = s.calibration
-        if tree is not None:  # verify the whole tree, walk it, move the accepted path into place
+        if tree is not None:  # verify the tree (or its best part), walk it, move the accepted path into place
             tree = tree._replace(valid=tree.valid & active[:, None])  # a finished row verifies its anchor only
-            target_tok, feats, tcache = verify_tree(
-                target_params, block[:, 0], tree, s.start, s.target_cache, k_accept, **verify_kw
-            )
+            args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
+            if len(lengths) > 1:  # verify as many of the best nodes as pay for themselves (choose_tree_width)
+                node_p = node_probability(tree)
+                trusted = calibrate(node_p, calibration) if shape.calibrate else node_p
+                choice, row_widths = choose_tree_width(path_probability(tree, trusted), active, lengths, verify_costs)
+                tree = tree._replace(valid=tree.valid & (jnp.arange(tree.tokens.shape[1]) < row_widths[:, None] - 1))
+                args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
+                branches = [partial(verify_tree_width, width=w, **verify_kw) for w in lengths]
+                target_tok, feats, tcache = jax.lax.switch(choice, branches, *args)
+            else:
+                target_tok, feats, tcache = verify_tree(*args, **verify_kw)
             walk = accept_walk(tree, target_tok, bs - 1)
+            if len(lengths) > 1 and shape.calibrate:  # a node counts as checked when its parent was accepted
+                took = on_path(walk, tree.tokens.shape[1])
+                took_parent = jnp.where(
+                    tree.parent >= 0, jnp.take_along_axis(took, jnp.maximum(tree.parent, 0), axis=1), True
+                )
+                calibration = update_node_calibration(calibration, node_p, tree.valid & took_parent, took)
             a, bonus = walk.length, walk.bonus[:, None]
             slots = jnp.concatenate([block[:, :1], tree.tokens], axis=1)
             block = jnp.take_along_axis(slots, walk.path, axis=1)  # the anchor, then the accepted path
@@ -586,6 +644,15 @@ class Decoder:
 
         def verify(params, cache, block, index):  # as a round runs it: one lax.switch over the lengths, the commit
             start = jnp.zeros(block.shape[:1], jnp.int32)
+            if self.tree_size:  # a chain-shaped tree of every width: the mask and compaction cost the same
+                n = self.tree_size
+                nodes = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (block.shape[0], n))
+                tree = Tree(nodes * 0, nodes - 1, nodes + 1, jnp.zeros(nodes.shape), nodes >= 0)
+                branches = [partial(verify_tree_width, width=w, **kw) for w in self.verify_lengths]
+                keys = jax.vmap(jax.random.key)(start)
+                out, feats, cache = jax.lax.switch(index, branches, params, block[:, 0], tree, start, cache, keys)
+                path = jnp.broadcast_to(jnp.arange(self.block_size, dtype=jnp.int32), block.shape)
+                return out, feats, compact_cache(cache, start, path)
             branches = [partial(verify_block, params, length=n, **kw) for n in self.verify_lengths]
             out, feats, cache = jax.lax.switch(index, branches, block, start, cache)
             return out, feats, commit_cache(cache, jnp.ones_like(start))
@@ -621,7 +688,9 @@ class Decoder:
             jax.__version__,
         )
         taps = self.drafter.tap_layers if self.drafter is not None else ()
-        shape = (repr(self.mesh), batch, cache_len, self.verify_lengths)
+        shape = (repr(self.mesh), batch, cache_len, self.verify_lengths) + (("tree", self.tree_size),) * bool(
+            self.tree_size
+        )
         what = (machine, repr(self.cfg), taps, repr(self.sampling), shape)
         return json_sha256(what, 32)
 

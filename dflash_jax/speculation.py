@@ -39,7 +39,7 @@ from dflash_jax.tree_step import TreeStep
 # The verify lengths verify_lengths="auto" offers on a CPU, where a multi-token verify is
 # compute-bound (a 16-token verify costs 2.1-3.8 plain steps on the 2-core machines this project
 # runs on; docs/BENCHMARKS.md "Speculative round cost"). Their costs are measured on the machine.
-AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16)
+AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16, 32)  # (32: trees of more than 16 nodes)
 
 # How often a prompt-lookup draft token is right, per matched suffix length n = 1..4: (the first
 # token, each later one given the ones before), as the verify-length choice reads it. Measured on
@@ -161,7 +161,9 @@ def make_plan(
         ``AUTO_VERIFY_LENGTHS`` up to the block (a long verify is compute-bound there), elsewhere
         the block only; or lengths (``parse_verify_lengths``), the block always among them. Per
         round the loop picks the one that commits most tokens per unit of cost
-        (``decode.choose_verify_length``). Output is unchanged either way.
+        (``decode.choose_verify_length``). Output is unchanged either way. For a step that drafts
+        trees (``tree_size``) these are verify widths, the anchor and the best ``width - 1`` nodes,
+        up to the whole tree (``decode.choose_tree_width``).
       verify_costs: a cost per verify length; ``None`` or ``"measure"``: measured on this machine.
       calibrate: see ``Plan``.
       backend: ``jax.default_backend()`` unless given (``"cpu"``, ``"gpu"``, ``"tpu"``).
@@ -174,22 +176,22 @@ def make_plan(
     backend = backend or jax.default_backend()
     limit = step.max_block_size
     verify_lengths = parse_verify_lengths(verify_lengths)
-    if getattr(step, "tree_size", 0) and isinstance(verify_lengths, tuple):
-        raise ValueError(
-            f"verify lengths {list(verify_lengths)} with a draft tree: a tree step verifies its whole tree each "
-            "round; drop --verify-lengths or draft chains (--tree off)"
-        )
-    if getattr(step, "tree_size", 0):
-        verify_lengths = None
+    tree = getattr(step, "tree_size", 0)  # a tree step: the lengths are verify widths, anchor + nodes
     if block_size is None:
         block_size = step.default_block_size
-        if isinstance(verify_lengths, tuple):  # long enough for the lengths asked
+        if isinstance(verify_lengths, tuple) and not tree:  # long enough for the lengths asked
             block_size = max([block_size, *(n for n in verify_lengths if n <= limit)])
     check_block_size(block_size, limit)
+    full = tree + 1 if tree else block_size
     if verify_lengths == "auto":
-        verify_lengths = tuple(n for n in AUTO_VERIFY_LENGTHS if n <= block_size) if backend == "cpu" else None
-    lengths = sorted({*(verify_lengths or ()), block_size})
-    if lengths[-1] > block_size:
+        verify_lengths = tuple(n for n in AUTO_VERIFY_LENGTHS if n <= full) if backend == "cpu" else None
+    lengths = sorted({*(verify_lengths or ()), full})
+    if lengths[-1] > full:
+        if tree:
+            raise ValueError(
+                f"verify lengths {list(verify_lengths)} must lie in [1, {full}] for a tree of {tree} nodes (the "
+                "anchor and its nodes); pass shorter ones or a larger --tree"
+            )
         fix = (
             f"pass shorter ones or a larger --block-size (this drafter's longest block is {limit})"
             if lengths[-1] <= limit

@@ -119,7 +119,7 @@ def _build_row(vals: Array, ids: Array, budget: int) -> Tree:
     return Tree(*nodes)
 
 
-def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, score: Array | None = None) -> Tree:
+def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, logp: Array | None = None) -> Tree:
     """``tree`` with a chain of draft tokens below the anchor merged in (SPEC "Tree verification" 1:
     another draft as a branch, e.g. prompt lookup's continuation), as ``nodes`` more nodes.
 
@@ -130,15 +130,18 @@ def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, score: Array |
     and those past ``num`` or past ``nodes``, are padding. Parents still come before children.
 
     Args:
-      score: optional float32 ``[B, K]``, the summed log-probability to record for the branch's
-        prefixes (default 0: certain).
+      logp: optional float32 ``[B, K]``, the log-probability that the branch's token ``j`` is right
+        given the ones before were (default 0: certain). A branch node scores its parent's score plus
+        its own; a node the branch follows keeps the larger of its score and the branch's, so every
+        child still scores at most its parent (``sort_tree`` keeps parents first).
 
     Returns:
       ``Tree`` of ``N + nodes`` nodes.
     """
     b, n = tree.tokens.shape
     r = min(nodes, branch.shape[1])
-    score = jnp.zeros(branch.shape, jnp.float32) if score is None else score
+    logp = jnp.zeros(branch.shape, jnp.float32) if logp is None else logp
+    rows = jnp.arange(b)
     extra = (
         jnp.zeros((b, nodes), jnp.int32),
         jnp.full((b, nodes), -1, jnp.int32),
@@ -151,15 +154,18 @@ def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, score: Array |
     for j in range(r):
         want = branch[:, j]
         same = ok & (par == at[:, None]) & (tok == want[:, None])  # a child of `at` holding the token
-        found = jnp.any(same, axis=1)
+        found = jnp.any(same, axis=1) & (j < num)
         new = (j < num) & ~found
         i = n + j
+        mine = jnp.where(at >= 0, sc[rows, jnp.maximum(at, 0)], 0.0) + logp[:, j]  # the branch's score here
+        old = jnp.argmax(same, axis=1)
+        sc = sc.at[rows, old].set(jnp.where(found, jnp.maximum(sc[rows, old], mine), sc[rows, old]))
         tok = tok.at[:, i].set(jnp.where(new, want, 0))
         par = par.at[:, i].set(jnp.where(new, at, -1))
         dep = dep.at[:, i].set(jnp.where(new, j + 1, 0))
-        sc = sc.at[:, i].set(jnp.where(new, score[:, j], -jnp.inf))
+        sc = sc.at[:, i].set(jnp.where(new, mine, -jnp.inf))
         ok = ok.at[:, i].set(new)
-        at = jnp.where(found, jnp.argmax(same, axis=1).astype(jnp.int32), jnp.where(new, i, at))
+        at = jnp.where(found, old.astype(jnp.int32), jnp.where(new, i, at))
     return Tree(tok, par, dep, sc, ok)
 
 
@@ -169,6 +175,8 @@ def ancestor_mask(tree: Tree) -> Array:
     itself; a padding node sees nothing (SPEC "Tree verification" 2; ``target.tree_mask`` adds the
     cache)."""
     b, n = tree.tokens.shape
+    if n == 0:  # the anchor alone
+        return jnp.ones((b, 1, 1), bool)
     eye = jnp.eye(n + 1, dtype=bool)
     # parent as a one-hot over slots; a node's ancestors are its parent's plus its parent
     par_slot = jnp.where(tree.parent >= 0, tree.parent + 1, 0)
@@ -232,3 +240,45 @@ def accept_walk(tree: Tree, target_tokens: Array, max_depth: int) -> Accepted:
         at = jnp.where(at >= 0, tree.parent[rows, jnp.maximum(at, 0)], -1)
     last = jnp.where(length > 0, best + 1, 0)
     return Accepted(length, path, target_tokens[rows, last])
+
+
+def sort_tree(tree: Tree) -> Tree:
+    """``tree`` with its nodes in best-first order: by score, highest first, padding last (a stable
+    sort, so of equal scores the node listed first stays first). Parents stay before children, since
+    no child scores above its parent. The first ``n`` nodes are then the best ``n``-node tree it holds
+    (what a verify of ``n`` nodes checks: ``decode.choose_tree_width``)."""
+    key = jnp.where(tree.valid, -tree.score, jnp.inf)
+    order = jnp.argsort(key, axis=1, stable=True).astype(jnp.int32)  # new position -> old node
+    where = jnp.argsort(order, axis=1).astype(jnp.int32)  # old node -> new position
+    take = lambda x: jnp.take_along_axis(x, order, axis=1)  # noqa: E731
+    parent = take(tree.parent)
+    parent = jnp.where(parent >= 0, jnp.take_along_axis(where, jnp.maximum(parent, 0), axis=1), -1)
+    return Tree(take(tree.tokens), parent, take(tree.depth), take(tree.score), take(tree.valid))
+
+
+def node_probability(tree: Tree) -> Array:
+    """float32 ``[B, N]``: each node's probability of being right given its parent was, from the
+    scores (``exp(score - parent's score)``; 0 on padding)."""
+    parent_score = jnp.where(
+        tree.parent >= 0, jnp.take_along_axis(tree.score, jnp.maximum(tree.parent, 0), axis=1), 0.0
+    )
+    return jnp.where(tree.valid, jnp.exp(jnp.minimum(tree.score - parent_score, 0.0)), 0.0)
+
+
+def path_probability(tree: Tree, node_p: Array) -> Array:
+    """float32 ``[B, N]``: each node's probability of being accepted, the product of ``node_p`` (each
+    node's given its parent, ``[B, N]``) along its path (parents before children: one pass)."""
+
+    def node(i, acc):
+        p = tree.parent[:, i]
+        up = jnp.where(p >= 0, jnp.take_along_axis(acc, jnp.maximum(p, 0)[:, None], axis=1)[:, 0], 1.0)
+        return acc.at[:, i].set(node_p[:, i] * up)
+
+    return jax.lax.fori_loop(0, tree.tokens.shape[1], node, jnp.zeros_like(node_p))
+
+
+def on_path(walk: Accepted, nodes: int) -> Array:
+    """bool ``[B, N]``: the nodes the accept walk took (``walk.path``'s slots at depths ``1 .. a``)."""
+    d = jnp.arange(walk.path.shape[1])
+    slots = jnp.where((d >= 1) & (d <= walk.length[:, None]), walk.path, 0)  # 0: none (the anchor's slot)
+    return jnp.any(slots[:, :, None] == jnp.arange(1, nodes + 1)[None, None, :], axis=1)

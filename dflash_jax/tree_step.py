@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from dflash_jax.ngram import NgramStep, ngram_match
 from dflash_jax.steps import Draft, all_real
-from dflash_jax.tree import add_branch, build_tree
+from dflash_jax.tree import add_branch, build_tree, sort_tree
 
 Array = jax.Array
 
@@ -91,8 +91,10 @@ class TreeStep:
     def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
         """The round's ``Draft`` with its ``tree``: the best ``budget - branch_nodes`` prefixes of the
         drafter's distributions at offsets ``1 .. block_len - 1`` (tempered under sampling, where the
-        tree's shape, not a draw, is what the walk needs), and the prompt-lookup branch. ``tokens``,
-        ``confidence``: the drafter's best chain and its probabilities (for logs; the tree decides)."""
+        tree's shape, not a draw, is what the walk needs) and the prompt-lookup branch (each token
+        scored by the n-gram confidence table, ``NgramStep.token_confidence``), sorted best first
+        (``tree.sort_tree``). ``tokens``, ``confidence``: the drafter's best chain and its
+        probabilities (for logs; the tree decides)."""
         k = block_len - 1
         logp = self.dflash.logprobs(
             params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens, sampling=sampling
@@ -101,7 +103,10 @@ class TreeStep:
         if self.ngram is not None:
             cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
             use = (matched >= self.min_match) & (num > 0)
-            tree = add_branch(tree, cont, jnp.where(use, num, 0), self.branch_nodes)
+            num = jnp.where(use, num, 0)
+            logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
+            tree = add_branch(tree, cont, num, self.branch_nodes, logp_branch)
+        tree = sort_tree(tree)  # best first: the first n nodes are the best n-node tree (a verify of n nodes)
         best = jnp.argmax(logp, axis=-1).astype(jnp.int32)
         conf = jnp.exp(jnp.max(logp, axis=-1))
         return Draft(best, all_real(best), conf, None, tree)

@@ -287,10 +287,11 @@ def test_an_oracle_tree_accepts_its_second_branch_whole(target):
     assert got[1].token_ids[-1] == stop
 
 
-@pytest.mark.parametrize("budget,ngram", [(3, False), (12, False), (12, True)])
-def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram):
-    """A random DFlash drafter's best-first trees (and prompt lookup's branch): greedy output equals
-    plain decoding, batch of 1 and a ragged batch of 4, at the length limit and at a stop token."""
+@pytest.mark.parametrize("budget,ngram,widths", [(3, False, None), (12, False, None), (12, True, (1, 2, 5, 13))])
+def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram, widths):
+    """A random DFlash drafter's best-first trees (and prompt lookup's branch; a verify width chosen
+    per round from costs): greedy output equals plain decoding, batch of 1 and a ragged batch of 4, at
+    the length limit and at a stop token."""
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
     from dflash_jax.ngram import NgramStep
@@ -300,7 +301,9 @@ def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram
     ck, plain = target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     step = TreeStep(DraftStep(dcfg, ck.cfg), budget, NgramStep(ngram_max=3) if ngram else None, min_match=1)
-    dec = Decoder(ck.params, ck.cfg, make_plan(step, init_drafter_params(dcfg, seed=1)))
+    costs = None if widths is None else (1.0, 1.1, 1.3, 2.0)
+    plan = make_plan(step, init_drafter_params(dcfg, seed=1), verify_lengths=widths, verify_costs=costs)
+    dec = Decoder(ck.params, ck.cfg, plan)
     rs = np.random.RandomState(budget)
     # repetitive prompts, so that prompt lookup finds matches
     prompts = [(rs.randint(4, 12, n).tolist() * 3)[: 3 * n] for n in (4, 9, 2, 6)]
@@ -325,3 +328,39 @@ def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
     plan = make_plan(TreeStep(DraftStep(dcfg, ck.cfg), 4), init_drafter_params(dcfg, seed=1))
     with pytest.raises(ValueError, match="not supported with linear-attention"):
         Decoder(ck.params, ck.cfg, plan)
+
+
+def test_a_sorted_tree_lists_its_best_nodes_first_with_parents_before_children():
+    """``sort_tree`` (after a prompt-lookup branch scored by its confidence): scores descending,
+    padding last, every parent before its children and the same parent-child pairs as before;
+    ``path_probability`` is the product of ``node_probability`` along each path."""
+    import jax.numpy as jnp
+
+    from dflash_jax.tree import add_branch, node_probability, path_probability, sort_tree
+
+    rng = np.random.default_rng(4)
+    tree = _random_tree(rng, b=3, n=9, k=4, vocab=5)
+    branch = jnp.asarray(rng.integers(0, 5, (3, 4)), jnp.int32)
+    merged = add_branch(tree, branch, jnp.asarray([4, 2, 0]), 4, jnp.log(jnp.full((3, 4), 0.6)))
+    out = sort_tree(merged)
+    for row in range(3):
+        before, after = _nodes(merged, row), _nodes(out, row)
+        score = np.asarray(out.score)[row]
+        valid = np.asarray(out.valid)[row]
+        assert valid.sum() == sum(n[3] for n in before)
+        assert not valid[valid.sum() :].any() and np.all(np.diff(score[valid]) <= 0)
+        paths = lambda nodes: {  # noqa: E731
+            tuple(_path(nodes, i)) for i, n in enumerate(nodes) if n[3]
+        }
+        assert paths(before) == paths(after)  # the same prefixes
+        assert all(n[1] < i for i, n in enumerate(after) if n[3])  # parents first
+        p = np.asarray(path_probability(out, node_probability(out)))[row]
+        np.testing.assert_allclose(p[valid], np.exp(score[valid]), rtol=1e-5)
+
+
+def _path(nodes, i):
+    path = []
+    while i >= 0:
+        path.insert(0, nodes[i][0])
+        i = nodes[i][1]
+    return path
