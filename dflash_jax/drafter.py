@@ -34,6 +34,7 @@ from dflash_jax.ngram import ngram_match
 from dflash_jax.sampling import probs
 from dflash_jax.steps import Draft, all_real, sampled
 from dflash_jax.target import Target, TargetConfig, write_block
+from dflash_jax.tree import Tree, build_tree, build_tree_with
 
 Array = jax.Array
 
@@ -727,18 +728,34 @@ class DraftStep:
         scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)[1]
         return scores.dense(self.cfg.vocab_size)
 
-    def logprobs(
-        self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens=None, sampling=None
-    ):
-        """float32 ``[B, block_len - 1, V]``: the log-probability of every token at draft offsets
-        ``1 .. block_len - 1`` (what a draft tree is built from, ``tree.build_tree``): the log-softmax
-        of ``logits``, or under sampling the log of its tempered, filtered distribution
-        (``sampling.probs``); ``-inf`` on tokens it never proposes. A DFlash 2 drafter's head (its
-        selector's pair scores are not added)."""
-        logits = self.logits(params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens)
-        if sampling is None or sampling.greedy:
-            return jax.nn.log_softmax(logits, axis=-1)
-        return jnp.log(probs(logits, sampling))
+    def tree(
+        self, params, target_params, cache, anchor, start, block_valid, block_len, budget: int, *, tokens, sampling
+    ) -> Tree:
+        """The best-first draft tree of ``budget`` nodes below each row's anchor (SPEC "Tree
+        verification" 1): DFlash from its per-offset distributions (``logprobs``, ``tree.build_tree``);
+        DFlash 2 from its selector, a node's children scored given the node's token as the selector's
+        walk scores them (``selector_scores`` over the offset's candidates, softmax at the sampling
+        temperature, 1 when greedy; ``tree.build_tree_with``), so its best chain is the walk's."""
+        hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        if not self.cfg.dflash2:
+            logits = scores.dense(self.cfg.vocab_size)
+            greedy = sampling is None or sampling.greedy
+            logp = jax.nn.log_softmax(logits, axis=-1) if greedy else jnp.log(probs(logits, sampling))
+            return build_tree(logp, budget)
+        temperature = 1.0 if sampling is None or sampling.greedy else sampling.temperature
+        unary, columns = selector_candidates(scores.logits, self.cfg)
+        candidates = scores.tokens(columns)  # [B, K, k]
+        k, width = candidates.shape[1], min(budget, candidates.shape[2])
+        rows = jnp.arange(candidates.shape[0])
+
+        def children(token, depth):  # the candidates at offset depth + 1 given the node's token
+            d = jnp.minimum(depth, k - 1)
+            c = candidates[rows, d]
+            logq = jax.nn.log_softmax(selector_scores(params, hidden[rows, d], unary[rows, d], c, token) / temperature)
+            v, index = jax.lax.top_k(logq, width)
+            return v, jnp.take_along_axis(c, index, axis=1)
+
+        return build_tree_with(children, budget, k, anchor)
 
     def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
         """(final hidden states ``[B, block_len - 1, d]``, ``DraftScores``) at offsets ``1 .. block_len - 1``."""

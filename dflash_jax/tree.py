@@ -68,54 +68,86 @@ def build_tree(logprobs: Array, budget: int, width: int | None = None) -> Tree:
     vals, ids = jax.lax.top_k(logprobs.astype(jnp.float32), width)  # [B, K, W], best first
     # computed once, before the loop: without the barrier XLA (CPU) moved the top-k into the loop's
     # reads of it, 145 ms instead of 1.6 ms for one row of 15 offsets over a 49152-token vocabulary
-    vals, ids = jax.lax.optimization_barrier((vals, ids))
-    return jax.vmap(lambda v, i: _build_row(v, i, budget))(vals, ids.astype(jnp.int32))
+    vals, ids = jax.lax.optimization_barrier((vals, ids.astype(jnp.int32)))
+    rows = jnp.arange(vals.shape[0])
+
+    def children(token, depth):  # the same candidates below every node of a depth
+        del token
+        d = jnp.minimum(depth, vals.shape[1] - 1)
+        return vals[rows, d], ids[rows, d]
+
+    return build_tree_with(children, budget, vals.shape[1], jnp.zeros(vals.shape[:1], jnp.int32))
 
 
-def _build_row(vals: Array, ids: Array, budget: int) -> Tree:
-    """One row's tree from its top ``W`` log-probabilities ``vals [K, W]`` (and token ids) per depth."""
-    depth_max, width = vals.shape
+def build_tree_with(children, budget: int, max_depth: int, anchor: Array) -> Tree:
+    """The best-first tree of ``budget`` nodes when a node's children depend on the node (DFlash 2's
+    selector scores each candidate given its predecessor token, SPEC "DFlash 2" 2).
+
+    Args:
+      children: ``(token int32 [B], depth int32 [B]) -> (logp float32 [B, W], ids int32 [B, W])``:
+        the candidates below a node holding ``token`` at ``depth`` (0: the anchor), their
+        log-probabilities given it, best first (``-inf``: none). Called once per node added.
+      max_depth: static, the deepest a node can be (the block's draft offsets).
+      anchor: int32 ``[B]``, each row's anchor token (the root's ``token``).
+
+    Returns:
+      ``Tree`` of ``budget`` nodes: pop the best prefix (its parent's score plus its own
+      log-probability), add it, push its next-ranked sibling and its best child; padding once a row
+      runs out. Of equal scores the entry pushed first wins (``tests/test_tree.py``'s heap).
+    """
+    b = anchor.shape[0]
+    root_v, root_i = children(anchor, jnp.zeros((b,), jnp.int32))
+    width = root_v.shape[1]
     slots = 2 * budget + 1  # the first candidate, then at most a sibling and a child per node added
     neg = jnp.float32(-jnp.inf)
+    rows = jnp.arange(b)
+    # candidate tables: row 0 the anchor's children, row i + 1 node i's
+    cv = jnp.full((b, budget + 1, width), neg).at[:, 0].set(root_v)
+    ci = jnp.zeros((b, budget + 1, width), jnp.int32).at[:, 0].set(root_i)
     # the frontier: per slot, the parent's score ("base"), the parent node, depth (1-based), rank
-    base = jnp.zeros((slots,), jnp.float32)
-    parent = jnp.full((slots,), -1, jnp.int32)
-    depth = jnp.zeros((slots,), jnp.int32).at[0].set(1)
-    rank = jnp.zeros((slots,), jnp.int32)
-    live = jnp.zeros((slots,), bool).at[0].set(jnp.isfinite(vals[0, 0]))
+    base = jnp.zeros((b, slots), jnp.float32)
+    parent = jnp.full((b, slots), -1, jnp.int32)
+    depth = jnp.zeros((b, slots), jnp.int32).at[:, 0].set(1)
+    rank = jnp.zeros((b, slots), jnp.int32)
+    live = jnp.zeros((b, slots), bool).at[:, 0].set(jnp.isfinite(root_v[:, 0]))
     nodes = (
-        jnp.zeros((budget,), jnp.int32),
-        jnp.full((budget,), -1, jnp.int32),
-        jnp.zeros((budget,), jnp.int32),
-        jnp.full((budget,), neg),
-        jnp.zeros((budget,), bool),
+        jnp.zeros((b, budget), jnp.int32),
+        jnp.full((b, budget), -1, jnp.int32),
+        jnp.zeros((b, budget), jnp.int32),
+        jnp.full((b, budget), neg),
+        jnp.zeros((b, budget), bool),
     )
 
-    def score_of(b, d, r):  # a frontier entry's prefix score: its parent's plus its own token's
-        return b + vals[jnp.maximum(d - 1, 0), r]
-
     def add(i, carry):
-        (base, parent, depth, rank, live), (tok, par, dep, sc, ok) = carry
-        scores = jnp.where(live, score_of(base, depth, rank), neg)
-        j = jnp.argmax(scores)  # the first of equal scores: the entry pushed first
-        found = live[j] & jnp.isfinite(scores[j])
-        d, r, s = depth[j], rank[j], scores[j]
-        tok = tok.at[i].set(jnp.where(found, ids[d - 1, r], 0))
-        par = par.at[i].set(jnp.where(found, parent[j], -1))
-        dep = dep.at[i].set(jnp.where(found, d, 0))
-        sc = sc.at[i].set(jnp.where(found, s, neg))
-        ok = ok.at[i].set(found)
-        live = live.at[j].set(False)
+        (cv, ci, base, parent, depth, rank, live), (tok, par, dep, sc, ok) = carry
+        flat = (parent + 1) * width + jnp.minimum(rank, width - 1)  # each slot's entry in the tables
+        own = jnp.take_along_axis(cv.reshape(b, -1), flat, axis=1)
+        scores = jnp.where(live, base + own, neg)
+        j = jnp.argmax(scores, axis=1)  # the first of equal scores: the entry pushed first
+        s = scores[rows, j]
+        found = live[rows, j] & jnp.isfinite(s)
+        d, r, p = depth[rows, j], rank[rows, j], parent[rows, j]
+        token = ci.reshape(b, -1)[rows, flat[rows, j]]
+        tok = tok.at[:, i].set(jnp.where(found, token, 0))
+        par = par.at[:, i].set(jnp.where(found, p, -1))
+        dep = dep.at[:, i].set(jnp.where(found, d, 0))
+        sc = sc.at[:, i].set(jnp.where(found, s, neg))
+        ok = ok.at[:, i].set(found)
+        kv, ki = children(token, d)  # below the new node, at depth d + 1
+        deeper = found & (d < max_depth)
+        cv = cv.at[:, i + 1].set(jnp.where(deeper[:, None], kv, neg))
+        ci = ci.at[:, i + 1].set(ki)
+        live = live.at[rows, j].set(False)
         # its next-ranked sibling (same parent, same depth), then its best child
         sib, kid = 2 * i + 1, 2 * i + 2
-        base = base.at[sib].set(base[j]).at[kid].set(s)
-        parent = parent.at[sib].set(parent[j]).at[kid].set(i)
-        depth = depth.at[sib].set(d).at[kid].set(d + 1)
-        rank = rank.at[sib].set(r + 1).at[kid].set(0)
-        live = live.at[sib].set(found & (r + 1 < width)).at[kid].set(found & (d < depth_max))
-        return (base, parent, depth, rank, live), (tok, par, dep, sc, ok)
+        base = base.at[:, sib].set(base[rows, j]).at[:, kid].set(s)
+        parent = parent.at[:, sib].set(p).at[:, kid].set(i)
+        depth = depth.at[:, sib].set(d).at[:, kid].set(d + 1)
+        rank = rank.at[:, sib].set(r + 1).at[:, kid].set(0)
+        live = live.at[:, sib].set(found & (r + 1 < width)).at[:, kid].set(deeper)
+        return (cv, ci, base, parent, depth, rank, live), (tok, par, dep, sc, ok)
 
-    _, nodes = jax.lax.fori_loop(0, budget, add, ((base, parent, depth, rank, live), nodes))
+    _, nodes = jax.lax.fori_loop(0, budget, add, ((cv, ci, base, parent, depth, rank, live), nodes))
     return Tree(*nodes)
 
 

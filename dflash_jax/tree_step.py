@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.ngram import NgramStep, ngram_match
-from dflash_jax.steps import Draft, all_real
-from dflash_jax.tree import add_branch, build_tree, sort_tree
+from dflash_jax.steps import Draft
+from dflash_jax.tree import add_branch, sort_tree
 
 Array = jax.Array
 
@@ -26,7 +26,7 @@ class TreeStep:
     """A draft step (``steps``) that drafts a tree of ``budget`` nodes per row and round.
 
     Fields:
-      dflash: the drafter's step (``drafter.DraftStep``: its ``logprobs`` per block offset).
+      dflash: the drafter's step (``drafter.DraftStep``: its best-first ``tree``).
       budget: static, the tree's nodes (the verify is ``budget + 1`` tokens wide).
       ngram: optional prompt lookup (``NgramStep``); its continuation, where the last ``min_match``
         or more committed tokens occurred before, is merged in as a branch of up to ``ngram_nodes``
@@ -89,17 +89,25 @@ class TreeStep:
         return self.dflash.write_context(params, cache, feats, start)
 
     def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
-        """The round's ``Draft`` with its ``tree``: the best ``budget - branch_nodes`` prefixes of the
-        drafter's distributions at offsets ``1 .. block_len - 1`` (tempered under sampling, where the
-        tree's shape, not a draw, is what the walk needs) and the prompt-lookup branch (each token
-        scored by the n-gram confidence table, ``NgramStep.token_confidence``), sorted best first
-        (``tree.sort_tree``). ``tokens``, ``confidence``: the drafter's best chain and its
-        probabilities (for logs; the tree decides)."""
+        """The round's ``Draft`` with its ``tree``: the drafter's best-first tree of ``budget -
+        branch_nodes`` nodes over offsets ``1 .. block_len - 1`` (``DraftStep.tree``; tempered under
+        sampling, where the tree's shape, not a draw, is what the walk needs) and the prompt-lookup
+        branch (each token scored by the n-gram confidence table, ``NgramStep.token_confidence``),
+        sorted best first (``tree.sort_tree``). Its ``tokens``, ``num`` and ``confidence`` are zeros:
+        the loop reads the tree."""
         k = block_len - 1
-        logp = self.dflash.logprobs(
-            params, target_params, cache, anchor, start, block_valid, block_len, tokens=tokens, sampling=sampling
+        tree = self.dflash.tree(
+            params,
+            target_params,
+            cache,
+            anchor,
+            start,
+            block_valid,
+            block_len,
+            self.budget - self.branch_nodes,
+            tokens=tokens,
+            sampling=sampling,
         )
-        tree = build_tree(logp, self.budget - self.branch_nodes)
         if self.ngram is not None:
             cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
             use = (matched >= self.min_match) & (num > 0)
@@ -107,6 +115,5 @@ class TreeStep:
             logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
             tree = add_branch(tree, cont, num, self.branch_nodes, logp_branch)
         tree = sort_tree(tree)  # best first: the first n nodes are the best n-node tree (a verify of n nodes)
-        best = jnp.argmax(logp, axis=-1).astype(jnp.int32)
-        conf = jnp.exp(jnp.max(logp, axis=-1))
-        return Draft(best, all_real(best), conf, None, tree)
+        unused = jnp.zeros((anchor.shape[0], k), jnp.int32)
+        return Draft(unused, jnp.zeros_like(anchor), unused.astype(jnp.float32), None, tree)

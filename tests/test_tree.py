@@ -364,3 +364,49 @@ def _path(nodes, i):
         path.insert(0, nodes[i][0])
         i = nodes[i][1]
     return path
+
+
+def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_models):
+    """A DFlash 2 drafter's tree: each node's children are scored by the selector given the node's
+    token, so following the best child from the anchor is the selector's greedy walk (``select``);
+    decoding with its trees is token-identical to plain, batch of 3 (gpt-oss: sliding window)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from dflash_jax import checkpoint
+    from dflash_jax.decode import Decoder
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params, select
+    from dflash_jax.speculation import make_plan
+    from dflash_jax.tree_step import TreeStep
+
+    ck = checkpoint.load_target(tiny_models["gpt_oss"][2])
+    base = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=5, mask_token_id=3)
+    dcfg = dataclasses.replace(base, conv_kernel_size=2, conv_group_size=16, selector_rank=4, selector_top_k=6)
+    rs = np.random.RandomState(0)
+    dparams = jax.tree.map(lambda x: np.asarray(x) + 0.3 * rs.randn(*np.shape(x)), init_drafter_params(dcfg, seed=3))
+    step = DraftStep(dcfg, ck.cfg)
+    b, s = 2, 64
+    cache = step.init_cache(b, s)
+    feats = jnp.asarray(rs.randn(b, 12, len(dcfg.target_layer_ids) * ck.cfg.hidden_size), jnp.float32)
+    cache = step.write_context(dparams, cache, feats, jnp.zeros((b,), jnp.int32))
+    anchor, start, valid = jnp.asarray([5, 9]), jnp.asarray([12, 12]), jnp.asarray([5, 5])
+    tokens = jnp.zeros((b, s + 5), jnp.int32)
+    tree = step.tree(dparams, ck.params, cache, anchor, start, valid, 5, 60, tokens=tokens, sampling=None)
+    hidden, scores = step._forward(dparams, ck.params, cache, anchor, start, valid, 5, tokens)
+    walk = np.asarray(select(dparams, dcfg, hidden, scores, anchor, 0.0)[0])
+    for row in range(b):
+        nodes, at, best = _nodes(tree, row), -1, []
+        while True:  # the best child: the first one added (children are added best first)
+            kids = [i for i, n in enumerate(nodes) if n[3] and n[1] == at]
+            if not kids:
+                break
+            at = kids[0]
+            best.append(nodes[at][0])
+        assert best == walk[row, : len(best)].tolist() and len(best) >= 3, (best, walk[row])
+    plain = Decoder(ck.params, ck.cfg)
+    dec = Decoder(ck.params, ck.cfg, make_plan(TreeStep(step, 8), dparams))
+    prompts = [rs.randint(4, 96, n).tolist() for n in (6, 13, 3)]
+    for w, g in zip(plain.generate(prompts, 24), dec.generate(prompts, 24)):
+        assert g.token_ids == w.token_ids
