@@ -662,6 +662,33 @@ def select(
     return path, candidates, q
 
 
+def selector_tree(
+    params, cfg: DrafterConfig, hidden: Array, scores: DraftScores | Array, anchor: Array, budget: int, temperature=1.0
+) -> Tree:
+    """DFlash 2's best-first draft tree of ``budget`` nodes (SPEC "Tree verification" 1 with the
+    selector of "DFlash 2" 2 on its edges): below a node holding token ``a`` at depth ``j - 1`` (the
+    anchor at 0), offset ``j``'s candidates score ``log softmax(selector_scores(..., a) /
+    temperature)``; ``tree.build_tree_with`` keeps the best prefixes. ``hidden [B, K, d]``,
+    ``scores`` and ``anchor [B]`` as ``select``; following each node's best child is ``select``'s
+    greedy walk."""
+    scores = scores if isinstance(scores, DraftScores) else DraftScores(jnp.asarray(scores))
+    unary, columns = selector_candidates(scores.logits, cfg)
+    candidates = scores.tokens(columns)  # [B, K, k]
+    # computed once, before the tree's loop (XLA otherwise moves their work into it: build_tree)
+    hidden, unary, candidates = jax.lax.optimization_barrier((hidden, unary, candidates))
+    k, width = candidates.shape[1], min(budget, candidates.shape[2])
+    rows = jnp.arange(candidates.shape[0])
+
+    def children(token, depth):  # the candidates at offset depth + 1 given the node's token
+        d = jnp.minimum(depth, k - 1)
+        c = candidates[rows, d]
+        logq = jax.nn.log_softmax(selector_scores(params, hidden[rows, d], unary[rows, d], c, token) / temperature)
+        v, index = jax.lax.top_k(logq, width)
+        return v, jnp.take_along_axis(c, index, axis=1)
+
+    return build_tree_with(children, budget, k, anchor)
+
+
 def decode_masks(cfg: DrafterConfig, cache_len: int, start: Array, block_len: int, block_valid: Array) -> list[Array]:
     """Per-layer masks ``[B, T, S + T]`` for drafting a block at ``start``: ``masks.decode_masks``
     with this drafter's layer types and window."""
@@ -743,19 +770,7 @@ class DraftStep:
             logp = jax.nn.log_softmax(logits, axis=-1) if greedy else jnp.log(probs(logits, sampling))
             return build_tree(logp, budget)
         temperature = 1.0 if sampling is None or sampling.greedy else sampling.temperature
-        unary, columns = selector_candidates(scores.logits, self.cfg)
-        candidates = scores.tokens(columns)  # [B, K, k]
-        k, width = candidates.shape[1], min(budget, candidates.shape[2])
-        rows = jnp.arange(candidates.shape[0])
-
-        def children(token, depth):  # the candidates at offset depth + 1 given the node's token
-            d = jnp.minimum(depth, k - 1)
-            c = candidates[rows, d]
-            logq = jax.nn.log_softmax(selector_scores(params, hidden[rows, d], unary[rows, d], c, token) / temperature)
-            v, index = jax.lax.top_k(logq, width)
-            return v, jnp.take_along_axis(c, index, axis=1)
-
-        return build_tree_with(children, budget, k, anchor)
+        return selector_tree(params, self.cfg, hidden, scores, anchor, budget, temperature)
 
     def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):
         """(final hidden states ``[B, block_len - 1, d]``, ``DraftScores``) at offsets ``1 .. block_len - 1``."""

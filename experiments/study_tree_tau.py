@@ -12,8 +12,9 @@ the node holding it was added before the ``n``-th.
 
 The drafter runs its training forward at every anchor (``anchor_acceptance``: the decoder's draft
 step on the same context, up to float rounding), with its draft vocabulary and prompt-lookup copy
-column as the decoder drafts with them. The tree here is the drafter's alone (no prompt-lookup
-branch). The last round is cut where the answer ends.
+column as the decoder drafts with them; a DFlash 2 drafter's chain is its selector's greedy walk and
+its tree is scored by the selector (``drafter.selector_tree``), as ``DraftStep.tree``. The tree here
+is the drafter's alone (no prompt-lookup branch). The last round is cut where the answer ends.
 
     .venv/bin/python experiments/study_tree_tau.py --per-set 40 --budgets 8 16 32 64 \\
         --out docs/bench/tree/study_tree_tau.jsonl
@@ -42,7 +43,7 @@ def _compiled(tcfg, dcfg, budget: int):
     import jax.numpy as jnp
 
     from dflash_jax import loss
-    from dflash_jax.drafter import block_inputs
+    from dflash_jax.drafter import block_inputs, select, selector_tree
     from dflash_jax.tree import build_tree
 
     @jax.jit
@@ -52,7 +53,9 @@ def _compiled(tcfg, dcfg, budget: int):
 
     @jax.jit
     def trees(dparams, target_params, ctx, toks, pos, valid, allowed):
-        logits = loss.block_logits(dparams, target_params, ctx, toks, loss.Anchors(pos, valid), tcfg=tcfg, cfg=dcfg)
+        logits, hidden = loss.block_logits(
+            dparams, target_params, ctx, toks, loss.Anchors(pos, valid), tcfg=tcfg, cfg=dcfg, with_hidden=True
+        )
         logits, keep = logits[0], allowed  # [chunk, K, V]; the draft vocabulary and the copy tokens
         if dcfg.copy_bias is not None:
             bs, k = dcfg.block_size, logits.shape[-2]
@@ -63,8 +66,13 @@ def _compiled(tcfg, dcfg, budget: int):
             )
             keep = keep | copy
         logits = jnp.where(keep, logits, -jnp.inf)
-        tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
-        return jnp.argmax(logits, -1), tree.tokens, tree.parent, tree.depth, tree.valid
+        anchor = toks[0, pos[0]]
+        if dcfg.dflash2:  # the selector's greedy walk, and its tree (DraftStep.tree)
+            best = select(dparams, dcfg, hidden[0], logits, anchor, 0.0)[0]
+            tree = selector_tree(dparams, dcfg, hidden[0], logits, anchor, budget)
+        else:
+            best, tree = jnp.argmax(logits, -1), build_tree(jax.nn.log_softmax(logits, -1), budget)
+        return best, tree.tokens, tree.parent, tree.depth, tree.valid
 
     return context, trees
 
