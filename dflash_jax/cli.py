@@ -384,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["on", "off"],
         help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup and "
         "--verify-lengths, at generate's default block (not --block-size; with --drafter auto on a CPU: the "
-        "shipped drafter beside prompt lookup at block 8)",
+        "shipped drafter beside prompt lookup at block 8); with --tree N also the same settings without trees "
+        "(row 'chains'), interleaved with it",
     )
 
     d = sub.add_parser(
@@ -779,6 +780,9 @@ def cmd_bench(args) -> None:
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone
         arms.append("default")
         plans["default"] = _plan(args, ck, tok, drafter, block_size=None)
+        if speculation.parse_tree(args.tree):  # and the same without trees, interleaved with it
+            arms.append("chains")
+            plans["chains"] = _plan(args, ck, tok, drafter, block_size=None, tree="off")
     plain = Decoder(ck.params, ck.cfg, sampling=sampling)
     spec = {arm: Decoder(ck.params, ck.cfg, plan, sampling=sampling) for arm, plan in plans.items()}
     settings = {

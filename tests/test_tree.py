@@ -410,3 +410,58 @@ def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_mod
     prompts = [rs.randint(4, 96, n).tolist() for n in (6, 13, 3)]
     for w, g in zip(plain.generate(prompts, 24), dec.generate(prompts, 24)):
         assert g.token_ids == w.token_ids
+
+
+def test_choose_tree_width_counts_the_best_nodes_per_cost_row_by_row():
+    """A verify of the anchor and the first n nodes commits 1 + the sum of their acceptance
+    probabilities in expectation; each row picks its own width, the batch the widest active pick."""
+    import jax.numpy as jnp
+
+    from dflash_jax.decode import choose_tree_width
+
+    path_p = jnp.asarray([[0.9, 0.8, 0.7, 0.6, 0.5, 0.1, 0.1], [0.1, 0.05, 0, 0, 0, 0, 0]], jnp.float32)
+    widths, costs = (1, 2, 4, 8), jnp.asarray([1.0, 1.2, 1.6, 2.4])
+    want = []
+    for row in np.asarray(path_p):
+        gain = [(1 + row[: w - 1].sum()) / c for w, c in zip(widths, np.asarray(costs))]
+        want.append(widths[int(np.argmax(gain))])
+    assert want == [4, 1]
+    for active, batch in (([True, True], 2), ([False, True], 0)):
+        index, rows = choose_tree_width(path_p, jnp.asarray(active), widths, costs)
+        assert int(index) == batch and rows.tolist() == want
+
+
+def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
+    """``plan_for(tree=N)``: a DFlash drafter's tree with prompt lookup's branch (or without), verify
+    widths up to the whole tree on a CPU (its costs timed on the tree verify); bad requests refused
+    in one line naming the fix."""
+    from transformers import AutoTokenizer
+
+    from dflash_jax import checkpoint
+    from dflash_jax.decode import Decoder
+    from dflash_jax.ngram import NgramStep
+    from dflash_jax.speculation import make_plan, parse_tree, plan_for
+    from dflash_jax.tree_step import TreeStep
+
+    monkeypatch.setenv("DFLASH_JAX_VERIFY_COSTS", str(tmp_path / "costs.json"))
+    _, hf_dir, path = tiny_models["qwen3"]
+    ck, tok = checkpoint.load_target(path), AutoTokenizer.from_pretrained(str(hf_dir))
+    plan = plan_for(ck, "random", tok, tree=12)
+    assert isinstance(plan.step, TreeStep) and plan.step.ngram is not None and plan.step.tree_size == 12
+    assert plan.verify_lengths == (1, 2, 4, 8, 13) and "tree of 12 nodes with a prompt-lookup branch" in plan.label
+    alone = plan_for(ck, "random", tok, tree="12", prompt_lookup=False, verify_lengths=None)
+    assert alone.step.ngram is None and alone.verify_lengths == ()
+    assert plan_for(ck, "random", tok, tree="off").step.__class__.__name__ == "HybridStep"
+    dec = Decoder(ck.params, ck.cfg, plan)
+    costs = dec.costs_for(dec.shape_for([7], 8)).tolist()  # timed on the tree verify at each width
+    assert len(costs) == 5 and costs[0] == 1.0 and costs == sorted(costs)
+    assert parse_tree(None) == parse_tree("off") == 0 and parse_tree("16") == 16
+    for bad in ("1", "many", 2.5):
+        with pytest.raises(ValueError, match="--tree takes off or a node budget of 2 or more"):
+            parse_tree(bad)
+    with pytest.raises(ValueError, match="a draft tree is built from a DFlash drafter"):
+        plan_for(ck, "ngram", tok, tree=8)
+    with pytest.raises(ValueError, match=r"must lie in \[1, 9\] for a tree of 8 nodes"):
+        make_plan(plan_for(ck, "random", tok, tree=8).step, verify_lengths=(1, 12))
+    with pytest.raises(ValueError, match="leaves the drafter no node|takes 3 of the tree's 3 nodes"):
+        TreeStep(plan.step.dflash, 3, NgramStep(), ngram_nodes=3)
