@@ -9,7 +9,9 @@ weight values; acceptance is measured on CPU with real weights), batch 1, one pr
   *oracle* draft step that proposes the target's own greedy continuation (tau = the block: the
   best a drafter can do), ms per round and in plain steps;
 - prompt lookup (``NgramStep``, block 16): ms per round;
-- with ``--verify-lengths``, the defaults' adaptive verify at block 16 with the oracle.
+- with ``--verify-lengths``, the defaults' adaptive verify at block 16 with the oracle;
+- draft trees of ``--trees`` nodes (16, 32, 64, 128) from the random drafter (``TreeStep``, the whole
+  tree verified every round): what a tree round costs in plain steps, where trees pay.
 
 Every arm's output is checked against plain decoding (greedy: identical tokens). Writes a JSON
 report and prints a Markdown table. On the H200 (the device tool, about 3 min with compiles):
@@ -40,6 +42,7 @@ from dflash_jax.ngram import NgramStep
 from dflash_jax.speculation import make_plan
 from dflash_jax.steps import Draft, all_real
 from dflash_jax.target import init_params
+from dflash_jax.tree_step import TreeStep
 
 SHAPES = {
     "qwen3-8b": dict(
@@ -117,6 +120,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--verify-lengths", default="1,2,4,8,16", help="the adaptive arm's lengths ('' to skip it)")
+    ap.add_argument("--trees", default="16,32,64,128", help="tree node budgets to time ('' to skip them)")
     ap.add_argument("--out", type=Path, default=Path("bench_device.json"))
     args = ap.parse_args(argv)
 
@@ -143,6 +147,10 @@ def main(argv=None) -> dict:
         costs = [1.0] * len(set(lengths) | {16})  # a long verify is nearly free on an accelerator: equal costs
         arms["oracle, block 16, verify lengths " + args.verify_lengths] = Decoder(
             params, cfg, make_plan(OracleStep(16), oracle_params, verify_lengths=lengths, verify_costs=costs)
+        )
+    for n in [int(x) for x in args.trees.split(",") if x]:
+        arms[f"DFlash random drafter, tree of {n}"] = Decoder(
+            params, cfg, make_plan(TreeStep(DraftStep(dcfg, cfg), n), dparams)
         )
     rows = [
         {

@@ -22,12 +22,15 @@ def test_bench_device_runs_every_arm_at_tiny_shapes(tmp_path):
             "33",
             "--verify-lengths",
             "1,4",
+            "--trees",
+            "4,8",
             "--out",
             str(tmp_path / "r.json"),
         ]
     )
     rows = {r["arm"]: r for r in rep["rows"]}
-    assert len(rows) == 1 + 4 + 1 + 1 and all(r["identical"] for r in rows.values())
+    assert len(rows) == 1 + 4 + 1 + 1 + 2 and all(r["identical"] for r in rows.values())
+    assert rows["DFlash random drafter, tree of 8"]["round_cost"] > 0  # a tree round, timed
     assert rows["oracle, block 8"]["tau"] > 6 and rows["oracle, block 16"]["tau"] > 10  # whole blocks accepted
     assert rows["oracle, block 16, verify lengths 1,4"]["tau"] > 10  # equal costs: the longest verify pays
     assert all(r["ms_per_round"] > 0 and r["round_cost"] > 0 for r in rows.values())
