@@ -765,7 +765,8 @@ def cmd_bench(args) -> None:
     blocks = args.block_size or [drafter.cfg.block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
     plans: dict = {
-        b: _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None) for b in blocks
+        b: _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None, tree="off")
+        for b in blocks
     }
     if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it, at the largest block
         arms.append("ngram")

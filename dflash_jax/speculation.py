@@ -376,7 +376,8 @@ def plan_for(
     alone = DraftStep(loaded.cfg, ck.cfg)
     if budget:
         branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
-        step = TreeStep(alone, budget, branch, min(2, ngram_max))
+        on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
+        step = TreeStep(alone, budget, branch, min(2, ngram_max), skip_drafter=on_cpu and branch is not None)
         words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
         return make_plan(step, loaded.params, label=words, **settings)
     reads = loaded.cfg.block_input == "ngram"  # its block input is the prompt-lookup continuation

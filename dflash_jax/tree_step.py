@@ -10,6 +10,7 @@ one target pass and walks the tree (``tree.accept_walk``), so it stays lossless 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,10 @@ class TreeStep:
         nodes (tokens the drafter's tree already holds are not added twice). Those nodes come out
         of ``budget``: the drafter's tree has ``budget - ngram_nodes``.
       ngram_nodes: the branch's nodes (default: the block's draft offsets, capped at ``budget - 1``).
+      skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branch alone and the
+        others the drafter's tree, as ``ngram.HybridStep`` takes chains, and a round where every row
+        has a match skips the drafter's forward: cheaper where a drafter forward is a large part of
+        a round (a CPU). Without it every row's tree holds both drafts.
 
     Raises:
       ValueError: a budget below 1, or an n-gram branch that leaves the drafter no node.
@@ -43,6 +48,7 @@ class TreeStep:
     ngram: NgramStep | None = None
     min_match: int = 2
     ngram_nodes: int | None = None
+    skip_drafter: bool = False
 
     def __post_init__(self):
         if self.budget < 1:
@@ -96,24 +102,27 @@ class TreeStep:
         sorted best first (``tree.sort_tree``). Its ``tokens``, ``num`` and ``confidence`` are zeros:
         the loop reads the tree."""
         k = block_len - 1
-        tree = self.dflash.tree(
-            params,
-            target_params,
-            cache,
-            anchor,
-            start,
-            block_valid,
-            block_len,
-            self.budget - self.branch_nodes,
-            tokens=tokens,
-            sampling=sampling,
-        )
-        if self.ngram is not None:
-            cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
-            use = (matched >= self.min_match) & (num > 0)
-            num = jnp.where(use, num, 0)
-            logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
-            tree = add_branch(tree, cont, num, self.branch_nodes, logp_branch)
+        args = (params, target_params, cache, anchor, start, block_valid, block_len, self.budget - self.branch_nodes)
+        drafted = partial(self.dflash.tree, *args, tokens=tokens, sampling=sampling)
+        if self.ngram is None:
+            return self._draft(drafted(), anchor, k)
+        cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
+        use = (matched >= self.min_match) & (num > 0)
+        num = jnp.where(use, num, 0)
+        if self.skip_drafter:  # every row has a match (or is finished): prompt lookup's branch alone
+            idle = jnp.all(use | (block_valid <= 1))
+            nothing = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(drafted))  # noqa: E731
+            tree = jax.lax.cond(idle, nothing, drafted)  # a Tree of zeros: no valid node
+            # a row with a match takes its branch alone whether or not the drafter ran for the others,
+            # so its tree (and, sampled, its output) never depends on the rest of the batch
+            tree = tree._replace(valid=tree.valid & ~use[:, None])
+        else:
+            tree = drafted()
+        logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
+        return self._draft(add_branch(tree, cont, num, self.branch_nodes, logp_branch), anchor, k)
+
+    @staticmethod
+    def _draft(tree, anchor, k: int) -> Draft:
         tree = sort_tree(tree)  # best first: the first n nodes are the best n-node tree (a verify of n nodes)
         unused = jnp.zeros((anchor.shape[0], k), jnp.int32)
         return Draft(unused, jnp.zeros_like(anchor), unused.astype(jnp.float32), None, tree)

@@ -252,7 +252,8 @@ def test_tree_sampling_keeps_the_target_distribution(tiny, s):
     from dflash_jax.tree_step import TreeStep
 
     cfg, params, dcfg, dparams = tiny
-    step = TreeStep(DraftStep(dcfg, cfg), 6, NgramStep(ngram_max=2), min_match=1, ngram_nodes=2)
+    skip = s.top_k > 0  # one setting each way: rows with a match take the branch alone (skip_drafter), or both
+    step = TreeStep(DraftStep(dcfg, cfg), 6, NgramStep(ngram_max=2), min_match=1, ngram_nodes=2, skip_drafter=skip)
     spec = Decoder(params, cfg, make_plan(step, dparams), sampling=s)
     counts = np.zeros((V, V, V))
     multi = 0

@@ -287,8 +287,11 @@ def test_an_oracle_tree_accepts_its_second_branch_whole(target):
     assert got[1].token_ids[-1] == stop
 
 
-@pytest.mark.parametrize("budget,ngram,widths", [(3, False, None), (12, False, None), (12, True, (1, 2, 5, 13))])
-def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram, widths):
+@pytest.mark.parametrize(
+    "budget,ngram,widths,skip",
+    [(3, False, None, False), (12, False, None, False), (12, True, (1, 2, 5, 13), False), (8, True, None, True)],
+)
+def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram, widths, skip):
     """A random DFlash drafter's best-first trees (and prompt lookup's branch; a verify width chosen
     per round from costs): greedy output equals plain decoding, batch of 1 and a ragged batch of 4, at
     the length limit and at a stop token."""
@@ -300,7 +303,8 @@ def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram
 
     ck, plain = target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
-    step = TreeStep(DraftStep(dcfg, ck.cfg), budget, NgramStep(ngram_max=3) if ngram else None, min_match=1)
+    ngram_step = NgramStep(ngram_max=3) if ngram else None
+    step = TreeStep(DraftStep(dcfg, ck.cfg), budget, ngram_step, min_match=1, skip_drafter=skip)
     costs = None if widths is None else (1.0, 1.1, 1.3, 2.0)
     plan = make_plan(step, init_drafter_params(dcfg, seed=1), verify_lengths=widths, verify_costs=costs)
     dec = Decoder(ck.params, ck.cfg, plan)
