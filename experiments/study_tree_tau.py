@@ -16,7 +16,7 @@ column as the decoder drafts with them; a DFlash 2 drafter's chain is its select
 its tree is scored by the selector (``drafter.selector_tree``), as ``DraftStep.tree``. The tree here
 is the drafter's alone (no prompt-lookup branch). The last round is cut where the answer ends.
 
-    .venv/bin/python experiments/study_tree_tau.py --per-set 40 --budgets 8 16 32 64 \\
+    .venv/bin/python experiments/study_tree_tau.py --per-set 100 --budgets 8 16 32 64 \\
         --out docs/bench/tree/study_tree_tau.jsonl
 
 Per (set, prompt) one line in ``--out`` (JSON lines: chain rounds and each budget's rounds); a rerun
@@ -36,9 +36,12 @@ from ngram_acceptance import SETS
 
 
 @functools.cache
-def _compiled(tcfg, dcfg, budget: int):
-    """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and the
-    order in which a ``budget``-node tree added each node (tokens, parents, depths))."""
+def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),)):
+    """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and,
+    per variant, the order in which a ``budget``-node tree added each node (tokens, parents, depths)).
+
+    ``variants``: (temperature, log-probability added per depth) of the tree's scores; (1, 0) is the
+    decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries."""
     import jax
     import jax.numpy as jnp
 
@@ -67,18 +70,60 @@ def _compiled(tcfg, dcfg, budget: int):
             keep = keep | copy
         logits = jnp.where(keep, logits, -jnp.inf)
         anchor = toks[0, pos[0]]
-        if dcfg.dflash2:  # the selector's greedy walk, and its tree (DraftStep.tree)
+        out = []
+        for temperature, per_depth in variants:
+            if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
+                if dcfg.dflash2:
+                    tree = selector_tree(dparams, dcfg, hidden[0], logits, anchor, budget)
+                else:
+                    tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
+            else:
+                tree = _variant_tree(dparams, dcfg, hidden[0], logits, anchor, budget, temperature, per_depth)
+            out.append((tree.tokens, tree.parent, tree.depth, tree.valid))
+        if dcfg.dflash2:  # the selector's greedy walk
             best = select(dparams, dcfg, hidden[0], logits, anchor, 0.0)[0]
-            tree = selector_tree(dparams, dcfg, hidden[0], logits, anchor, budget)
         else:
-            best, tree = jnp.argmax(logits, -1), build_tree(jax.nn.log_softmax(logits, -1), budget)
-        return best, tree.tokens, tree.parent, tree.depth, tree.valid
+            best = jnp.argmax(logits, -1)
+        return best, out
 
     return context, trees
 
 
-def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16):
-    """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's."""
+def _variant_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature, per_depth):
+    """The decoder's tree (``drafter.selector_tree`` / ``tree.build_tree``) with its log-probabilities
+    divided by ``temperature`` and ``per_depth`` added to each node's own (a depth discount)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dflash_jax.drafter import DraftScores, selector_candidates, selector_scores
+    from dflash_jax.tree import build_tree_with
+
+    rows = jnp.arange(logits.shape[0])
+    if dcfg.dflash2:
+        scores = DraftScores(logits)
+        unary, columns = selector_candidates(scores.logits, dcfg)
+        candidates = scores.tokens(columns)
+        width = min(budget, candidates.shape[2])
+
+        def children(token, depth):
+            d = jnp.minimum(depth, candidates.shape[1] - 1)
+            c = candidates[rows, d]
+            logq = jax.nn.log_softmax(selector_scores(dparams, hidden[rows, d], unary[rows, d], c, token) / temperature)
+            v, index = jax.lax.top_k(logq, width)
+            return v + per_depth, jnp.take_along_axis(c, index, axis=1)
+    else:
+        vals, ids = jax.lax.top_k(jax.nn.log_softmax(logits / temperature, -1), min(budget, logits.shape[-1]))
+
+        def children(token, depth):
+            d = jnp.minimum(depth, vals.shape[1] - 1)
+            return vals[rows, d] + per_depth, ids[rows, d]
+
+    return build_tree_with(children, budget, logits.shape[1], anchor)
+
+
+def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None):
+    """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's
+    (with ``variants``: per variant, per budget)."""
     import jax.numpy as jnp
 
     b, n = dcfg.block_size, len(full)
@@ -86,31 +131,35 @@ def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, c
     padded = -(-len(tokens) // 128) * 128
     toks = jnp.asarray(np.pad(tokens, (0, padded - len(tokens)))[None])
     allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
-    context, trees = _compiled(ck.cfg, dcfg, max(budgets))
+    keys = tuple(variants) if variants else ((1.0, 0.0),)
+    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys)
     ctx = context(ck.params, dparams, toks)
     anchors = list(range(start, n - 1))
-    chain, tree = [], {m: [] for m in budgets}
+    chain, tree = [], {v: {m: [] for m in budgets} for v in keys}
     for c in range(0, len(anchors), chunk):
         part = anchors[c : c + chunk]
         pos = np.asarray(part + [part[-1]] * (chunk - len(part)), np.int32)[None]
         valid = (np.arange(chunk) < len(part))[None]
-        best, tok, par, dep, ok = map(np.asarray, trees(dparams, ck.params, ctx, toks, pos, valid, allowed))
+        best, out = trees(dparams, ck.params, ctx, toks, pos, valid, allowed)
+        best = np.asarray(best)
         for j, p in enumerate(part):
             answer = tokens[p + 1 : p + b]
             left = n - 1 - p  # the answer ends: no round commits past it
             chain.append(min(int(np.cumprod(best[j] == answer).sum()), left - 1))
-            # added[d]: the order in which the tree added the answer's prefix of depth d + 1 (inf: never)
-            added, at = [], -1
-            for d in range(b - 1):
-                hit = np.flatnonzero(ok[j] & (par[j] == at) & (tok[j] == answer[d]) & (dep[j] == d + 1))
-                if not len(hit):
-                    break
-                at = int(hit[0])
-                added.append(at)
-            for m in budgets:
-                depth = int(np.sum(np.cumprod(np.asarray(added) < m))) if added else 0
-                tree[m].append(min(depth, left - 1))
-    return chain, tree
+            for v, arrays in zip(keys, out):
+                tok, par, dep, ok = (np.asarray(x)[j] for x in arrays)
+                # added[d]: the order in which the tree added the answer's prefix of depth d + 1
+                added, at = [], -1
+                for d in range(b - 1):
+                    hit = np.flatnonzero(ok & (par == at) & (tok == answer[d]) & (dep == d + 1))
+                    if not len(hit):
+                        break
+                    at = int(hit[0])
+                    added.append(at)
+                for m in budgets:
+                    depth = int(np.sum(np.cumprod(np.asarray(added) < m))) if added else 0
+                    tree[v][m].append(min(depth, left - 1))
+    return chain, (tree if variants else tree[keys[0]])
 
 
 def main() -> None:
@@ -123,7 +172,12 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="auto", help="a drafter folder, or auto (the shipped one)")
-    ap.add_argument("--records", type=Path, default=Path("docs/bench/full"), help="folder of t0_<set>.records.jsonl")
+    ap.add_argument(
+        "--records",
+        type=Path,
+        default=Path("docs/bench/issue20/table100.records.jsonl"),
+        help="a bench records file (every set), or a folder of t0_<set>.records.jsonl",
+    )
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--per-set", type=int, default=40, help="first turns per set")
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64], help="tree node budgets")
@@ -141,8 +195,10 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sets:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [json.loads(line) for line in (args.records / f"t0_{name}.records.jsonl").read_text().splitlines()[1:]]
-        rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        path = args.records if args.records.is_file() else args.records / f"t0_{name}.records.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+        rows = [r for r in rows if r.get("dataset", name) == name and r["turn"] == 0 and r["id"] in items]
+        rows = rows[: args.per_set]
         for r in tqdm(rows, desc=name, leave=False):
             if (name, r["id"]) in done:
                 continue
