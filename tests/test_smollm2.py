@@ -153,3 +153,22 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
         want = plain.generate([ids], 48, stops)[0].token_ids
         _same_or_near_tie(ck, ids, want, ours.token_ids)
         _same_or_near_tie(ck, ids, want, shipped.generate([ids], 48, stops)[0].token_ids)
+
+
+def test_the_shipped_drafters_trees_equal_plain_decoding(smollm2):
+    """The shipped DFlash 2 drafter's trees on real prompts (16 nodes with prompt lookup's branch and
+    the width chosen per round; 8 nodes, the whole tree verified): the floating-point rule against
+    plain decoding, and trees that commit more than one token a round."""
+    from dflash_jax.speculation import plan_for
+
+    ck, tok, _ = smollm2
+    prompts = [encode(tok, t, chat=True) for t in eval_prompts(2)]
+    plain = [r.token_ids for r in Decoder(ck.params, ck.cfg).generate(prompts, 48, stop_ids(tok))]
+    for plan in (
+        plan_for(ck, "auto", tok, tree=16, verify_costs=(1.0, 1.1, 1.3, 1.7, 2.9, 3.1)),
+        plan_for(ck, "auto", tok, tree=8, prompt_lookup=False, verify_lengths=None),
+    ):
+        results = Decoder(ck.params, ck.cfg, plan).generate(prompts, 48, stop_ids(tok))
+        for p, want, r in zip(prompts, plain, results):
+            _same_or_near_tie(ck, p, want, r.token_ids)
+        assert max(a for r in results for a in r.acceptance_lengths) >= 4

@@ -183,10 +183,10 @@ def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(t
         jnp.zeros((2,), jnp.int32),
     )
     args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
-    draft, num, conf, _ = step.propose(*args, tokens=tokens, key=None, sampling=GREEDY)
+    draft, num, conf, *_ = step.propose(*args, tokens=tokens, key=None, sampling=GREEDY)
     ng, ng_num, matched = ngram_match(tokens, start, 7, 4, 1)
     assert matched.tolist() == [2, 0] and ng_num.tolist() == [4, 0]
-    alone, _, dconf, _ = dstep.propose(*args, tokens=None, key=None, sampling=GREEDY)
+    alone, _, dconf, *_ = dstep.propose(*args, tokens=None, key=None, sampling=GREEDY)
     np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: "6 7" occurred before -> "8 9 6 7"
     np.testing.assert_array_equal(draft[1], alone[1])  # row 1: no match -> the drafter
     assert num.tolist() == [4, 7]
@@ -218,17 +218,17 @@ def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target)
     cache = dstep.write_context(params, dstep.init_cache(2, 24), feats, jnp.zeros((2,), jnp.int32))
     args = (params, ck.params, cache, tokens[:, 5], start, jnp.asarray([8, 8]), 8)
     greedy = dict(key=None, sampling=GREEDY)
-    walk, _, walk_conf, _ = dstep.propose(*args, tokens=None, **greedy)
+    walk, _, walk_conf, *_ = dstep.propose(*args, tokens=None, **greedy)
     argmax = jnp.argmax(dstep.logits(*args), -1)
     assert not np.array_equal(walk[1], argmax[1])  # the walk is not the logits' argmax here
-    draft, num, conf, _ = step.propose(*args, tokens=tokens, **greedy)
+    draft, num, conf, *_ = step.propose(*args, tokens=tokens, **greedy)
     np.testing.assert_array_equal(draft[0, :4], [8, 9, 6, 7])  # row 0: prompt lookup
     np.testing.assert_array_equal(draft[1], walk[1])  # row 1: the selector's walk
     assert num.tolist() == [4, 7]
     np.testing.assert_allclose(conf[1], walk_conf[1], rtol=1e-6)
     keys = jax.random.split(jax.random.key(0), 2)
-    sampled, num, conf, q = step.propose(*args, tokens=tokens, key=keys, sampling=Sampling(0.8))
-    alone, all_seven, conf_alone, q_alone = dstep.propose(*args, tokens=None, key=keys, sampling=Sampling(0.8))
+    sampled, num, conf, q, _ = step.propose(*args, tokens=tokens, key=keys, sampling=Sampling(0.8))
+    alone, all_seven, conf_alone, q_alone, _ = dstep.propose(*args, tokens=None, key=keys, sampling=Sampling(0.8))
     np.testing.assert_array_equal(sampled[1], alone[1])
     np.testing.assert_allclose(q[1], q_alone[1], rtol=1e-6)
     np.testing.assert_allclose(conf[1], conf_alone[1], rtol=1e-6)
@@ -242,8 +242,8 @@ def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target)
     weak = dict(params, **{n: params[n] / 100 for n in ("predecessor_codebook", "successor_codebook")})
     other = jax.random.split(jax.random.key(7), 2)
     hot = Sampling(5.0)
-    walk_a, _, conf_a, q_a = dstep.propose(weak, *args[1:], tokens=None, key=keys, sampling=hot)
-    walk_b, _, conf_b, q_b = dstep.propose(weak, *args[1:], tokens=None, key=other, sampling=hot)
+    walk_a, _, conf_a, q_a, _ = dstep.propose(weak, *args[1:], tokens=None, key=keys, sampling=hot)
+    walk_b, _, conf_b, q_b, _ = dstep.propose(weak, *args[1:], tokens=None, key=other, sampling=hot)
     assert not np.array_equal(np.asarray(walk_a), np.asarray(walk_b)) and not np.allclose(q_a, q_b)
     np.testing.assert_array_equal(conf_a, conf_b)
     hybrid_a, hybrid_b = (step.propose(weak, *args[1:], tokens=tokens, key=k, sampling=hot) for k in (keys, other))
