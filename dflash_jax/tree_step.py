@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from dflash_jax.ngram import NgramStep, ngram_match
 from dflash_jax.steps import Draft
-from dflash_jax.tree import add_branch, sort_tree
+from dflash_jax.tree import Tree, add_branch, sort_tree
 
 Array = jax.Array
 
@@ -31,16 +31,17 @@ class TreeStep:
       budget: static, the tree's nodes (the verify is ``budget + 1`` tokens wide).
       ngram: optional prompt lookup (``NgramStep``); its continuation, where the last ``min_match``
         or more committed tokens occurred before, is merged in as a branch of up to ``ngram_nodes``
-        nodes (tokens the drafter's tree already holds are not added twice). Those nodes come out
-        of ``budget``: the drafter's tree has ``budget - ngram_nodes``.
-      ngram_nodes: the branch's nodes (default: the block's draft offsets, capped at ``budget - 1``).
+        nodes (tokens the drafter's tree already holds are not added twice, each scored by the
+        n-gram confidence table), and the tree keeps the ``budget`` best of the drafter's ``budget``
+        nodes and the branch's (``tree.sort_tree``).
+      ngram_nodes: the branch's nodes (default: the block's draft offsets).
       skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branch alone and the
         others the drafter's tree, as ``ngram.HybridStep`` takes chains, and a round where every row
         has a match skips the drafter's forward: cheaper where a drafter forward is a large part of
         a round (a CPU). Without it every row's tree holds both drafts.
 
     Raises:
-      ValueError: a budget below 1, or an n-gram branch that leaves the drafter no node.
+      ValueError: a budget below 1, or a prompt-lookup branch of no node.
     """
 
     dflash: object
@@ -53,11 +54,8 @@ class TreeStep:
     def __post_init__(self):
         if self.budget < 1:
             raise ValueError(f"a draft tree needs a budget of at least 1 node, got {self.budget}")
-        if self.ngram is not None and not 1 <= self.branch_nodes < self.budget:
-            raise ValueError(
-                f"the prompt-lookup branch takes {self.branch_nodes} of the tree's {self.budget} nodes; "
-                "give the tree a larger budget or the branch fewer nodes (ngram_nodes)"
-            )
+        if self.ngram is not None and self.branch_nodes < 1:
+            raise ValueError(f"the prompt-lookup branch needs at least 1 node (ngram_nodes), got {self.branch_nodes}")
 
     @property
     def branch_nodes(self) -> int:
@@ -66,7 +64,7 @@ class TreeStep:
             return 0
         if self.ngram_nodes is not None:
             return self.ngram_nodes
-        return min(self.dflash.max_block_size - 1, self.budget - 1)
+        return self.dflash.max_block_size - 1
 
     @property
     def tree_size(self) -> int:
@@ -95,14 +93,14 @@ class TreeStep:
         return self.dflash.write_context(params, cache, feats, start)
 
     def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
-        """The round's ``Draft`` with its ``tree``: the drafter's best-first tree of ``budget -
-        branch_nodes`` nodes over offsets ``1 .. block_len - 1`` (``DraftStep.tree``; tempered under
-        sampling, where the tree's shape, not a draw, is what the walk needs) and the prompt-lookup
-        branch (each token scored by the n-gram confidence table, ``NgramStep.token_confidence``),
-        sorted best first (``tree.sort_tree``). Its ``tokens``, ``num`` and ``confidence`` are zeros:
+        """The round's ``Draft`` with its ``tree``: the drafter's best-first tree of ``budget`` nodes
+        over offsets ``1 .. block_len - 1`` (``DraftStep.tree``; tempered under sampling, where the
+        tree's shape, not a draw, is what the walk needs) and the prompt-lookup branch (each token
+        scored by the n-gram confidence table, ``NgramStep.token_confidence``), sorted best first
+        (``tree.sort_tree``) and cut to the best ``budget``. Its ``tokens``, ``num`` and ``confidence`` are zeros:
         the loop reads the tree."""
         k = block_len - 1
-        args = (params, target_params, cache, anchor, start, block_valid, block_len, self.budget - self.branch_nodes)
+        args = (params, target_params, cache, anchor, start, block_valid, block_len, self.budget)
         drafted = partial(self.dflash.tree, *args, tokens=tokens, sampling=sampling)
         if self.ngram is None:
             return self._draft(drafted(), anchor, k)
@@ -121,8 +119,9 @@ class TreeStep:
         logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
         return self._draft(add_branch(tree, cont, num, self.branch_nodes, logp_branch), anchor, k)
 
-    @staticmethod
-    def _draft(tree, anchor, k: int) -> Draft:
-        tree = sort_tree(tree)  # best first: the first n nodes are the best n-node tree (a verify of n nodes)
+    def _draft(self, tree, anchor, k: int) -> Draft:
+        # best first, then the best `budget`: the first n nodes of a sorted tree are its best n-node tree
+        # (a prefix of it holds every node's parent), what a verify of n nodes checks
+        tree = Tree(*(x[:, : self.budget] for x in sort_tree(tree)))
         unused = jnp.zeros((anchor.shape[0], k), jnp.int32)
         return Draft(unused, jnp.zeros_like(anchor), unused.astype(jnp.float32), None, tree)

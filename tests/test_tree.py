@@ -467,5 +467,7 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
         plan_for(ck, "ngram", tok, tree=8)
     with pytest.raises(ValueError, match=r"must lie in \[1, 9\] for a tree of 8 nodes"):
         make_plan(plan_for(ck, "random", tok, tree=8).step, verify_lengths=(1, 12))
-    with pytest.raises(ValueError, match="leaves the drafter no node|takes 3 of the tree's 3 nodes"):
-        TreeStep(plan.step.dflash, 3, NgramStep(), ngram_nodes=3)
+    with pytest.raises(ValueError, match="the prompt-lookup branch needs at least 1 node"):
+        TreeStep(plan.step.dflash, 3, NgramStep(), ngram_nodes=0)
+    with pytest.raises(ValueError, match="a budget of at least 1 node"):
+        TreeStep(plan.step.dflash, 0)
