@@ -307,11 +307,13 @@ def report(records: Sequence[dict], block_sizes: Sequence[int | str], datasets: 
 
 
 def markdown(rep: dict) -> str:
-    """The report as a Markdown table (one row per dataset and arm; a number is the DFlash block size)."""
+    """The report as a Markdown table (one row per dataset and arm; a number is the DFlash block size;
+    tokens per verified position: tau over the positions a round verifies, for arms that verify a
+    fixed width: a DFlash block, a tree's anchor and nodes)."""
     lines = [
-        "| dataset | arm | prompts | tau | tau/prompt | plain tok/s | DFlash tok/s | speedup | "
-        "TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | arm | prompts | tau | tau/prompt | tokens per verified position | plain tok/s | DFlash tok/s | "
+        "speedup | TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d, by_block in rep["table"].items():
         for b, s in by_block.items():
@@ -319,8 +321,10 @@ def markdown(rep: dict) -> str:
             if not a["prompts"]:
                 continue
             lf_cells = f"{lf['tau']:.2f} | {lf['speedup']:.2f}x" if lf["prompts"] else "- | -"
+            per = a.get("tokens_per_verified")
             lines.append(
                 f"| {d} | {b} | {a['prompts']} | {a['tau']:.2f} | {a['tau_per_prompt']:.2f} | "
+                f"{'-' if per is None else f'{per:.3f}'} | "
                 f"{a['plain_tokens_per_s']:.1f} | {a['dflash_tokens_per_s']:.1f} | {a['speedup']:.2f}x | "
                 f"{a['ttft_plain_s'] * 1e3:.0f} / {a['ttft_dflash_s'] * 1e3:.0f} | {a['looping']} | {lf_cells} | "
                 f"{a['identical']}/{a['prompts']} |"

@@ -102,6 +102,12 @@ def test_summary_figures_by_hand():
     assert s["speedup"] == pytest.approx(2.5)
     rep = bench.report(recs, [4], ["x"])
     assert rep["tau"] == s["tau"] and rep["table"]["x"]["4"]["loop_free"]["tau"] == pytest.approx(7 / 3)
+    assert s["tokens_per_verified"] == pytest.approx(13 / 5 / 4)  # a block of 4 verified each round
+    for r in recs:  # a tree arm of 6 nodes: its anchor and nodes verified each round
+        r["tree6"] = dict(r.pop("b4"), block_size=4, tree_nodes=6)
+    t = summarise(recs, "tree6")
+    assert t["tau"] == s["tau"] and t["tokens_per_verified"] == pytest.approx(13 / 5 / 7)
+    assert "| x | tree6 | 2 | 2.60 | 2.67 | 0.371 |" in bench.markdown(bench.report(recs, ["tree6"], ["x"]))
 
 
 def test_records_of_other_settings_name_the_fields_that_differ(tmp_path):
