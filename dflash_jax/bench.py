@@ -261,13 +261,11 @@ def summarise(records: Sequence[dict], arm: int | str) -> dict:
         return toks / max(sum(r[key]["decode_s"] for r in recs), 1e-9)
 
     plain_tps, spec_tps = tps("plain"), tps(k)
-    # tokens per position the target verifies: a tree verifies its anchor and nodes each round, a DFlash
-    # row its whole block (an arm choosing its verify length per round: not recorded, None)
-    width = (
-        recs[0][k].get("tree_nodes", 0) + 1
-        if "tree_nodes" in recs[0][k]
-        else (block_size if isinstance(arm, int) else None)
-    )
+    # tokens per position the target verifies: a tree row verifies its anchor and nodes each round, a
+    # DFlash row its whole block (an arm choosing its verify length or width per round: not recorded, None)
+    width = block_size if isinstance(arm, int) else None  # a DFlash row: its whole block
+    if str(arm).startswith("tree") and "tree_nodes" in recs[0][k]:  # a tree row: its anchor and nodes
+        width = recs[0][k]["tree_nodes"] + 1
     return {
         "prompts": len(recs),
         "tau": float(np.mean(acc)) if acc else 0.0,
