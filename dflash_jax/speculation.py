@@ -344,6 +344,13 @@ def plan_for(
     CPU default"); with no drafter shipped, prompt lookup alone. The other arguments: as
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
+    ``tree``: ``None``/``"off"``: chains; a number ``N``: a DFlash drafter's best-first tree of ``N``
+    nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuation as a
+    branch when ``prompt_lookup``. On a CPU a row with a match then takes the branch alone (the
+    drafter's forward skipped when every row has one, ``skip_drafter``) and the shipped drafter drafts
+    at ``CPU_BLOCK_SIZE``, as its chains do. Its verify lengths are widths: the anchor and the best
+    ``width - 1`` nodes (``decode.choose_tree_width``).
+
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
         drafter; a tree without a DFlash drafter, or a tree budget below 2.
