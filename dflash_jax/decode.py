@@ -132,11 +132,7 @@ def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, 
     """
     k = conf.shape[1]
     survive = jnp.cumprod(conf, axis=1) * (jnp.arange(1, k + 1) <= num_valid[:, None])
-    cum = jnp.concatenate([jnp.zeros_like(survive[:, :1]), jnp.cumsum(survive, axis=1)], axis=1)  # [B, K + 1]
-    expected = jnp.stack([1.0 + cum[:, length - 1] for length in lengths], axis=1)  # [B, len(lengths)]
-    row = jnp.argmax(expected / costs.astype(jnp.float32), axis=1)  # [B]
-    index = jnp.max(jnp.where(active, row, 0)).astype(jnp.int32)
-    return index, jnp.asarray(lengths, jnp.int32)[row]
+    return choose_tree_width(survive, active, lengths, costs)  # a chain is a tree of one branch
 
 
 def choose_tree_width(path_p: Array, active: Array, widths, costs) -> tuple[Array, Array]:
@@ -195,10 +191,7 @@ def update_calibration(stats: Array, conf: Array, accepted: Array, checked: Arra
     accepted when ``k <= accepted``. ``conf [B, K]``: the step's uncalibrated confidence."""
     k = jnp.arange(1, conf.shape[1] + 1)
     seen = k <= jnp.minimum(accepted + 1, checked)[:, None]
-    hit = seen & (k <= accepted[:, None])
-    onehot = jax.nn.one_hot(_conf_bins(conf), CALIBRATION_BINS, dtype=jnp.float32)  # [B, K, bins]
-    counts = jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
-    return stats + counts
+    return update_node_calibration(stats, conf, seen, k <= accepted[:, None])
 
 
 def update_node_calibration(stats: Array, node_p: Array, checked: Array, accepted: Array) -> Array:
@@ -395,7 +388,6 @@ def decode_loop(
         calibration = s.calibration
         if tree is not None:  # verify the tree (or its best part), walk it, move the accepted path into place
             tree = tree._replace(valid=tree.valid & active[:, None])  # a finished row verifies its anchor only
-            args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
             if len(lengths) > 1:  # verify as many of the best nodes as pay for themselves (choose_tree_width)
                 node_p = node_probability(tree)
                 trusted = calibrate(node_p, calibration) if shape.calibrate else node_p
@@ -405,6 +397,7 @@ def decode_loop(
                 branches = [partial(verify_tree_width, width=w, **verify_kw) for w in lengths]
                 target_tok, feats, tcache = jax.lax.switch(choice, branches, *args)
             else:
+                args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
                 target_tok, feats, tcache = verify_tree(*args, **verify_kw)
             walk = accept_walk(tree, target_tok, bs - 1)
             if len(lengths) > 1 and shape.calibrate:  # a node counts as checked when its parent was accepted
