@@ -124,6 +124,32 @@ def _check_speculation(args) -> None:
         sys.exit(f"error: {e}")
 
 
+def _add_distributed(p) -> None:
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="multi-host: join the job through jax.distributed (cluster auto-detected on TPU pods, "
+        "SLURM and GKE; else give the three options below); see launch/",
+    )
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (implies --distributed)")
+    p.add_argument("--num-processes", type=int, help="processes in the job")
+    p.add_argument("--process-id", type=int, help="this process's rank, 0..N-1")
+
+
+def _join(args) -> bool:
+    """Join the ``jax.distributed`` job the flags of ``_add_distributed`` ask for; whether it did."""
+    from dflash_jax import distributed
+
+    if not (args.distributed or args.coordinator):
+        return False
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    log(
+        f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
+        f"{len(jax.devices())} in all"
+    )
+    return True
+
+
 def _plan(args, ck, tok, drafter=None, **overrides):
     """The ``speculation.plan_for`` of the drafting flags (``drafter``: a ``speculation.Drafter``
     already loaded for ``--drafter``; ``overrides``: settings other than the flags')."""
@@ -211,8 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     g.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (the stop token counts)")
-    g.add_argument("--batch-size", type=int, default=1, help="prompts decoded together")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="prompts decoded together (default 1; with --out 16, rows refilled as their prompts finish)",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt to stdout")
+    g.add_argument(
+        "--out",
+        metavar="JSONL",
+        help="offline job: write one JSON line per prompt as it finishes (rows refilled at once); "
+        "rerun the same command to resume it; the file ends in prompt order",
+    )
+    _add_distributed(g)
 
     e = sub.add_parser(
         "export-drafter",
@@ -291,15 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--config", required=True, metavar="FILE", help="Python config file with get_config()")
     t.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=500 data=data/x")
-    t.add_argument(
-        "--distributed",
-        action="store_true",
-        help="multi-host: join the job through jax.distributed (cluster auto-detected on TPU pods, "
-        "SLURM and GKE; else give the three options below); see launch/",
-    )
-    t.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (implies --distributed)")
-    t.add_argument("--num-processes", type=int, help="processes in the job")
-    t.add_argument("--process-id", type=int, help="this process's rank, 0..N-1")
+    _add_distributed(t)
 
     b = sub.add_parser(
         "bench",
@@ -530,12 +560,20 @@ def _load(args):
 
 
 def cmd_generate(args) -> None:
+    if args.batch_size is None:
+        args.batch_size = 16 if args.out else 1
     if args.max_new_tokens < 1 or args.batch_size < 1:
         sys.exit("error: --max-new-tokens and --batch-size must be >= 1")
     if args.stream and args.json:
         sys.exit(
             "error: --stream prints the text as it is decoded and --json one object per prompt at its end; choose one"
         )
+    if args.out and (args.stream or args.json):
+        sys.exit("error: --out writes every answer to a file; drop --stream / --json (or --out)")
+    if (args.distributed or args.coordinator) and not args.out:
+        sys.exit("error: a multi-process generate splits an offline job: give --out")
+    if _join(args):  # this process decodes its share on its own devices
+        jax.config.update("jax_default_device", jax.local_devices()[0])
     sampling = _sampling(args)
     _check_speculation(args)  # before the model loads
     items = (
@@ -559,6 +597,9 @@ def cmd_generate(args) -> None:
                 f"error: {p.where}: the prompt has {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
                 f"it exceeds the target's context of {context}; shorten it or lower --max-new-tokens"
             )
+    if args.out:
+        _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops)
+        return
     if args.stream:
         for i, ids in enumerate(
             all_ids
@@ -610,6 +651,63 @@ def cmd_generate(args) -> None:
                 f"{r.num_output_tokens} tokens, {record['decode_tokens_per_s']:.1f} tok/s decode, "
                 f"prefill {r.prefill_s:.2f} s, compile {r.compile_s:.1f} s"
             )
+
+
+def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
+    """``generate --out``: ``offline.write_answers`` (resumable, rows refilled, split over processes)."""
+    from jax.experimental import multihost_utils
+
+    from dflash_jax import offline
+    from dflash_jax.utils import json_sha256
+
+    settings = {
+        "target": ck.identity,
+        "prompts_sha256": json_sha256([p.text for p in items]),
+        "num_prompts": len(items),
+        "chat": args.chat,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k},
+        "seed": args.seed,
+        "drafter": plan.describe() if plan is not None else "none (plain decoding)",
+    }
+
+    def record(i: int, r) -> dict:
+        return {
+            "id": items[i].where,
+            "prompt": items[i].text,
+            "text": tok.decode(r.token_ids, skip_special_tokens=True),
+            "token_ids": r.token_ids,
+            "num_output_tokens": r.num_output_tokens,
+            "tau": r.tau,
+            "acceptance_lengths": r.acceptance_lengths,
+            "prefill_s": r.prefill_s,
+            "decode_s": r.decode_s,
+            "compile_s": r.compile_s,
+        }
+
+    barriers = iter(range(1 << 30))
+    barrier = None
+    if jax.process_count() > 1:
+        barrier = lambda: multihost_utils.sync_global_devices(f"generate-out-{next(barriers)}")  # noqa: E731
+    t0 = time.perf_counter()
+    try:
+        out = offline.write_answers(
+            dec,
+            all_ids,
+            args.out,
+            settings=settings,
+            record=record,
+            max_new_tokens=args.max_new_tokens,
+            stop_ids=stops,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            part=(jax.process_index(), jax.process_count()),
+            barrier=barrier,
+        )
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if jax.process_index() == 0:
+        log(f"wrote {out}: {len(items)} answers ({time.perf_counter() - t0:.0f} s this run)")
 
 
 def cmd_export_drafter(args) -> None:
@@ -710,17 +808,11 @@ def cmd_prepare_features(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from dflash_jax import distributed
     from dflash_jax.train import Trainer
     from dflash_jax.train_config import load_config
 
     c = load_config(args.config, args.overrides)
-    if args.distributed or args.coordinator:
-        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-        log(
-            f"process {jax.process_index()} of {jax.process_count()}: {len(jax.local_devices())} local devices, "
-            f"{len(jax.devices())} in all"
-        )
+    _join(args)
     trainer = Trainer(c, log=log)
     try:
         last = trainer.run()

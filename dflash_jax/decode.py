@@ -263,6 +263,46 @@ def prefill(
     )
 
 
+def insert(
+    target_params,
+    drafter_params,
+    state: LoopState,
+    slots: Array,
+    prompts: Array,
+    prompt_lens: Array,
+    max_new: Array,
+    stop_ids: Array,
+    seeds: Array,
+    *,
+    cfg: TargetConfig,
+    shape: LoopShape,
+    drafter=None,
+    sampling: Sampling = GREEDY,
+) -> LoopState:
+    """New requests into rows of a running batch (continuous batching, ``Decoder.as_completed``).
+
+    ``prefill`` of ``prompts`` int32 ``[R, P]`` (with ``prompt_lens``, ``max_new``, ``seeds`` int32
+    ``[R]``, as ``prefill`` takes them), written over rows ``slots`` int32 ``[R]`` of ``state``: every
+    field of those rows is replaced (token buffer, target and drafter caches, position, limit,
+    round record, PRNG key, calibration), so a request starts as it would in a batch of its own and
+    the other rows are untouched. A slot >= the batch size drops its row (padding of ``R``).
+    """
+    new = prefill(
+        target_params,
+        drafter_params,
+        prompts,
+        prompt_lens,
+        max_new,
+        stop_ids,
+        seeds,
+        cfg=cfg,
+        shape=shape,
+        drafter=drafter,
+        sampling=sampling,
+    )
+    return jax.tree.map(lambda old, row: old.at[slots].set(row, mode="drop"), state, new)
+
+
 def verify_block(
     target_params, block: Array, start: Array, cache, length: int, *, cfg: TargetConfig, taps=(), sampling=GREEDY
 ):
@@ -332,6 +372,7 @@ def decode_loop(
     state: LoopState,
     stop_ids: Array,
     verify_costs: Array,
+    exit_at: Array | None = None,
     *,
     cfg: TargetConfig,
     shape: LoopShape,
@@ -340,6 +381,11 @@ def decode_loop(
     on_round=None,
 ) -> LoopState:
     """Speculative rounds until every sequence is done: one ``lax.while_loop``.
+
+    ``exit_at``: optional int32 scalar: return as soon as ``exit_at`` rows are done (finished or
+    empty), so that the host can hand their slots new prompts (``insert``, ``Decoder.as_completed``);
+    rows carry on where they stopped when the loop is called again. None (or more than the batch):
+    run until every row is done.
 
     ``on_round``: optional host function ``(new [B, block] int32, produced [B] int32) -> None``
     called after every round through an ordered ``io_callback`` (streaming): row ``b``
@@ -460,10 +506,15 @@ def decode_loop(
         return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key, calibration)
 
     def cond(s: LoopState):
-        return jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
+        go = jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
+        if exit_at is not None:
+            go &= jnp.sum(s.done) < exit_at
+        return go
 
     return jax.lax.while_loop(cond, round_, state)
 
+
+_RUN_TO_END = np.int32(np.iinfo(np.int32).max)  # decode_loop's exit_at: return only when every row is done
 
 # Verify costs measured on this machine, kept across processes (``Decoder.measure_verify_costs``).
 VERIFY_COSTS_FILE = "verify_costs.json"
@@ -596,9 +647,12 @@ class Decoder:
         self._stream_lock = threading.Lock()
 
     def shape_for(self, prompt_lens: Sequence[int], max_new_tokens: int) -> LoopShape:
+        """The static shapes for prompts of these lengths: the prompt length (the longest, rounded up
+        to a power of two), the cache (the longest prompt + ``max_new_tokens`` + a block or a tree,
+        rounded up to 256 slots, at least the prompt length: a decode step reads the whole cache)."""
         p = bucket(max(prompt_lens))
-        need = p + max_new_tokens + max(self.block_size, self.tree_size + 1)  # a round writes a block or a tree
-        cache_len = -(-need // 256) * 256
+        need = max(prompt_lens) + max_new_tokens + max(self.block_size, self.tree_size + 1)  # a round writes a block
+        cache_len = max(-(-need // 256) * 256, p)
         max_rounds = max_new_tokens  # every round commits at least one token
         return LoopShape(
             bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds, self.verify_lengths, self.calibrate
@@ -749,9 +803,10 @@ class Decoder:
                 decode_loop, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling, on_round=on_round
             ),
             donate_argnums=(2,),
-        )
+            out_shardings=pre_c.output_shardings,  # the state as it came in: the loop can be called on it again
+        )  # its arguments: params, drafter params, state, stop ids, verify costs, exit_at
         costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1),), jnp.float32)
-        loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop), costs).compile()
+        loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop), costs, i32()).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0
 
@@ -781,25 +836,7 @@ class Decoder:
             or prompt + ``max_new_tokens`` beyond the target's ``max_position_embeddings``;
             raised before anything is compiled.
         """
-        prompts = [list(map(int, p)) for p in prompts]
-        if not prompts:
-            raise ValueError("no prompts given")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: every prompt needs at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        vocab = self.cfg.vocab_size
-        bad = [t for t in stop_token_ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab})")
-        if any(not 0 <= t < vocab for p in prompts for t in p):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        longest = max(map(len, prompts))
-        if longest + max_new_tokens > self.cfg.max_position_embeddings:
-            raise ValueError(
-                f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {self.cfg.max_position_embeddings} positions; shorten one of them"
-            )
+        prompts = self._checked(prompts, max_new_tokens, stop_token_ids)
         shape = self.shape_for([len(p) for p in prompts], max_new_tokens)
         stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
         pre, loop, compile_s = self.compile(shape, len(stops), _stream)
@@ -820,7 +857,7 @@ class Decoder:
         if _stream:
             first = jax.device_get(_row_slice(state.tokens, state.start, 1))[:n, 0]
             self._sink([[int(t)] for t in first])
-        state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops, costs))
+        state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops, costs, _RUN_TO_END))
         t2 = time.perf_counter()
         tokens, start, limit, rounds, accepted = jax.device_get(
             (state.tokens, state.start, state.limit, state.rounds, state.accepted)
@@ -838,6 +875,170 @@ class Decoder:
                 )
             )
         return results
+
+    def _checked(self, prompts, max_new_tokens: int, stop_token_ids) -> list[list[int]]:
+        """``prompts`` as lists of ints, after the checks ``generate`` documents (ValueError)."""
+        prompts = [list(map(int, p)) for p in prompts]
+        if not prompts:
+            raise ValueError("no prompts given")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        vocab = self.cfg.vocab_size
+        bad = [t for t in stop_token_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"stop token ids {bad} are outside the vocabulary [0, {vocab})")
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        longest = max(map(len, prompts))
+        if longest + max_new_tokens > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                f"context of {self.cfg.max_position_embeddings} positions; shorten one of them"
+            )
+        return prompts
+
+    def as_completed(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        seed: int | Sequence[int] = 0,
+        *,
+        batch_size: int = 16,
+        refill_at: int = 1,
+    ) -> Iterator[tuple[int, GenerationResult]]:
+        """Decode many prompts on ``batch_size`` rows that are refilled as their requests finish
+        (continuous batching, as vLLM's and SGLang's offline engines do); yields ``(index,
+        result)`` for every prompt, in the order they finish.
+
+        The compiled loop returns to the host as soon as ``refill_at`` more rows are done (a stop
+        token or the length limit; ``decode_loop``'s ``exit_at``); their results are read, and their
+        rows take the next prompts (``insert``: a prefill of just those rows, the others untouched)
+        without recompiling (one ``insert`` executable per power-of-two count of new rows). Every
+        request starts as it would alone (its own caches, PRNG key from its seed, round count and
+        calibration), so its output does not depend on its neighbours or on when it entered
+        (greedy: the tokens ``generate`` gives it; sampling: the same draws for the same seed).
+
+        A result's ``prefill_s`` is the prefill (or insert) call it entered with, ``decode_s`` the
+        wall time from then until it was read (shared with the rows beside it), ``compile_s`` the
+        compilation done to admit it (charged to the first request a call admits, so that the sum
+        over results is the compilation time of the job).
+
+        Args:
+          prompts, max_new_tokens, stop_token_ids, seed: as ``generate`` (every prompt is checked
+            before anything is compiled; the cache fits the longest; each prefill pads its prompts
+            to their own longest, rounded up to a power of two).
+          batch_size: rows decoded together (rounded up to a power of two).
+          refill_at: how many rows must be done before the loop stops to refill them (1: at once).
+
+        Raises:
+          ValueError: as ``generate``, or ``batch_size`` / ``refill_at`` below 1.
+        """
+        if batch_size < 1 or refill_at < 1:
+            raise ValueError(f"batch_size and refill_at must be >= 1, got {batch_size} and {refill_at}")
+        prompts = self._checked(prompts, max_new_tokens, stop_token_ids)
+        n = len(prompts)
+        seeds = np.broadcast_to(np.asarray(seed, np.int64), (n,)) % (2**31)
+        b = bucket(min(batch_size, n), 1)
+        shape = self.shape_for([len(p) for p in prompts], max_new_tokens)  # the cache fits the longest prompt
+        shape = dataclasses.replace(shape, batch=b, prompt_len=bucket(max(len(p) for p in prompts[:b])))
+        stops = np.asarray(list(stop_token_ids) or [-1], np.int32)
+        pre, loop, compile_s = self.compile(shape, len(stops))
+        costs = self.costs_for(shape)
+
+        def rows_of(requests: Sequence[int], rows: int, length: int):
+            tok = np.zeros((rows, length), np.int32)
+            lens, budget, row_seeds = (np.ones((rows,), np.int32) for _ in range(3))  # padding rows: done at once
+            for r, i in enumerate(requests):
+                tok[r, : len(prompts[i])], lens[r], budget[r] = prompts[i], len(prompts[i]), max_new_tokens
+                row_seeds[r] = seeds[i]
+            return tok, lens, budget, stops, row_seeds
+
+        request = np.full((b,), -1)  # the request each row holds (-1: none)
+        entered, prefill_s, charged = np.zeros((b,)), np.zeros((b,)), np.zeros((b,))
+        first = list(range(min(b, n)))
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(pre(self.params, self.drafter_params, *rows_of(first, b, shape.prompt_len)))
+        request[first], entered[first], prefill_s[first] = first, time.perf_counter(), time.perf_counter() - t0
+        charged[0] = compile_s  # compilation is charged to the first request a call admits
+        admitted = len(first)
+        while True:
+            done = np.asarray(jax.device_get(state.done))
+            finished = np.flatnonzero(done & (request >= 0))
+            if finished.size:
+                now = time.perf_counter()
+                tokens, start, limit, rounds, accepted = jax.device_get(
+                    (state.tokens, state.start, state.limit, state.rounds, state.accepted)
+                )
+                for r in finished:
+                    i = int(request[r])
+                    end = min(int(start[r]) + 1, int(limit[r]))
+                    yield (
+                        i,
+                        GenerationResult(
+                            token_ids=tokens[r, len(prompts[i]) : end].tolist(),
+                            acceptance_lengths=accepted[r, : rounds[r]].tolist(),
+                            prefill_s=float(prefill_s[r]),
+                            decode_s=now - float(entered[r]),
+                            compile_s=float(charged[r]),
+                        ),
+                    )
+                    request[r] = -1
+            free = np.flatnonzero(request < 0)
+            take = free[: n - admitted]
+            if take.size:
+                new = list(range(admitted, admitted + take.size))
+                rows, length = self._insert_rows(take.size), bucket(max(len(prompts[i]) for i in new))
+                ins, spent = self._insert_fn(shape, len(stops), rows, length, state)
+                slots = np.full((rows,), b, np.int32)  # b: dropped (padding rows)
+                slots[: take.size] = take
+                t0 = time.perf_counter()
+                state = jax.block_until_ready(
+                    ins(self.params, self.drafter_params, state, slots, *rows_of(new, rows, length))
+                )
+                t1 = time.perf_counter()
+                request[take], entered[take], prefill_s[take], charged[take] = new, t1, t1 - t0, 0.0
+                charged[take[0]] = spent
+                admitted += take.size
+            live = int(np.sum(request >= 0))
+            if live == 0:
+                return
+            exit_at = np.int32(b - live + min(refill_at, live))  # the rows done now (free or finished at once) + more
+            state = loop(self.params, self.drafter_params, state, stops, costs, exit_at)
+
+    def _insert_rows(self, count: int) -> int:
+        """Rows of an ``insert`` for ``count`` new requests: a power of two (one executable per size),
+        a multiple of the mesh's batch split."""
+        rows = bucket(count, 1)
+        if self.mesh is not None:
+            split = self.mesh.shape.get("data", 1) * self.mesh.shape.get("fsdp", 1)
+            rows = -(-rows // split) * split
+        return rows
+
+    def _insert_fn(self, shape: LoopShape, num_stop: int, rows: int, length: int, state):
+        """The compiled ``insert`` of ``rows`` new requests of prompts padded to ``length`` into
+        ``state`` (donated); compiled once per shape, row count and length. Returns ``(executable,
+        seconds spent compiling it now)``."""
+        key = ("insert", shape, num_stop, rows, length)
+        if key in self._compiled:
+            return self._compiled[key], 0.0
+        t0 = time.perf_counter()
+        fn = jax.jit(  # the state keeps the layout the compiled loop takes (matters on a mesh)
+            partial(insert, cfg=self.cfg, shape=shape, drafter=self.drafter, sampling=self.sampling),
+            donate_argnums=(2,),
+            out_shardings=jax.tree.map(lambda x: x.sharding, state),
+        )
+        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        args = (self.params, self.drafter_params, state, i32(rows), i32(rows, length))
+        args += (i32(rows), i32(rows), i32(num_stop), i32(rows))
+        if self.mesh is not None:
+            with axis_rules(), jax.set_mesh(self.mesh):
+                self._compiled[key] = fn.lower(*args).compile()
+        else:
+            self._compiled[key] = fn.lower(*args).compile()
+        return self._compiled[key], time.perf_counter() - t0
 
     def _on_round(self, new, produced) -> None:
         if self._sink is not None:

@@ -36,21 +36,19 @@ def regenerate(
     stop_ids: Sequence[int] = (),
     progress: bool = True,
 ):
-    """The target's own greedy responses to token-id ``prompts`` (SPEC "Training" 1).
+    """The target's own greedy responses to token-id ``prompts`` (SPEC "Training" 1), decoded on
+    ``batch_size`` rows refilled as their answers finish (``Decoder.as_completed``); greedy, so each
+    answer is the one the prompt gets alone, whatever the batching.
 
     Returns:
       ``(sequences, loss_masks)``: prompt + response token ids, and True exactly on the response
       (the stop token, when produced, is part of the response).
     """
-    order = np.argsort([len(p) for p in prompts], kind="stable")  # similar lengths share a batch
     seqs: list = [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc="regenerate", unit="seq", disable=not progress, leave=False)
-    for i in range(0, len(order), batch_size):
-        idx = order[i : i + batch_size]
-        results = decoder.generate([prompts[j] for j in idx], max_new_tokens, stop_ids)
-        for j, r in zip(idx, results):
-            seqs[j] = (list(prompts[j]), r.token_ids)
-        bar.update(len(idx))
+    for j, r in decoder.as_completed(prompts, max_new_tokens, stop_ids, batch_size=batch_size):  # rows refilled
+        seqs[j] = (list(prompts[j]), r.token_ids)
+        bar.update(1)
     bar.close()
     return [p + r for p, r in seqs], [[False] * len(p) + [True] * len(r) for p, r in seqs]
 
@@ -102,13 +100,17 @@ def prepare(
     batch_size: int = 16,
     shard_size: int = 256,
     seed: int = 0,
+    window: int = 8,
     progress: bool = True,
 ) -> dict:
     """Regenerate responses with the target and write them as shards under ``out`` (resumable).
 
     The prompts are shuffled with ``seed`` and cut into shards of ``shard_size``; each shard is
     written atomically (``out/shard_00000`` ...), and a restart skips the shards already there
-    (after checking them). ``out/meta.json`` indexes the shards and counts the answers that hit
+    (after checking them). The answers are greedy, decoded on ``batch_size`` rows refilled as they
+    finish (``Decoder.as_completed``), ``window`` shards at a time: a window's rows stay busy until
+    its last answers (the cache is sized for the window's longest prompt), and each shard is written
+    as soon as its answers are in. ``out/meta.json`` indexes the shards and counts the answers that hit
     the cap or loop (``loops``), since looping answers inflate acceptance.
 
     Raises:
@@ -183,49 +185,55 @@ def prepare(
 
     decoder = Decoder(ck.params, ck.cfg)
     stops = tokens.stop_ids(tokenizer)
-    done = []
-    bar = tqdm(total=len(prompts), desc="prepare-data", unit="prompt", disable=not progress)
-    for k, name in enumerate(names):
+
+    def write_shard(k: int, answers: dict) -> None:
         idx = order[k * shard_size : (k + 1) * shard_size]
-        if not (out / name).exists():
-            seqs, masks = regenerate(
-                decoder,
-                [ids[i] for i in idx],
-                max_new_tokens=max_new_tokens,
-                batch_size=batch_size,
-                stop_ids=stops,
-                progress=progress,
+        seqs = [ids[i] + answers[i] for i in idx]
+        keep = [j for j, i in enumerate(idx) if len(answers[i]) >= 2]  # a one-token answer holds no anchor
+        if not keep:
+            raise DataError(
+                f"every answer of {names[k]} has fewer than 2 tokens, so there is nothing to train on; "
+                "raise --max-new-tokens"
             )
-            responses = [s[len(ids[i]) :] for s, i in zip(seqs, idx)]
-            keep = [j for j, m in enumerate(masks) if sum(m) >= 2]  # a one-token answer holds no anchor
-            if not keep:
-                raise DataError(
-                    f"every answer of {name} has fewer than 2 tokens, so there is nothing to train on; "
-                    "raise --max-new-tokens"
-                )
-            stats = {
-                "sequences": len(keep),
-                "tokens": int(sum(len(seqs[j]) for j in keep)),
-                "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
-                "looping": sum(loops(r) for r in responses),
-                "dropped": len(seqs) - len(keep),
-            }
-            write_dataset(
-                out / name,
-                [seqs[j] for j in keep],
-                [masks[j] for j in keep],
-                meta={
-                    "tokenizer_sha256": ck.identity["tokenizer_sha256"],
-                    "stats": stats,
-                    "settings_sha256": key,
-                    "settings": settings,
-                    "target": ck.identity,
-                    "prompts": [prompts[idx[j]].where for j in keep],
-                },
-            )
-        done.append(name)
-        write_index(done)
-        bar.update(len(idx))
+        responses = [answers[i] for i in idx]
+        stats = {
+            "sequences": len(keep),
+            "tokens": int(sum(len(seqs[j]) for j in keep)),
+            "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
+            "looping": sum(loops(r) for r in responses),
+            "dropped": len(seqs) - len(keep),
+        }
+        write_dataset(
+            out / names[k],
+            [seqs[j] for j in keep],
+            [[False] * len(ids[idx[j]]) + [True] * len(responses[j]) for j in keep],
+            meta={
+                "tokenizer_sha256": ck.identity["tokenizer_sha256"],
+                "stats": stats,
+                "settings_sha256": key,
+                "settings": settings,
+                "target": ck.identity,
+                "prompts": [prompts[idx[j]].where for j in keep],
+            },
+        )
+
+    done = [name for name in names if (out / name).exists()]
+    todo = [k for k, name in enumerate(names) if name not in done]
+    write_index(done)
+    made = sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in todo)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - made, desc="prepare-data", unit="prompt", disable=not progress)
+    for w in range(0, len(todo), window):  # a window of shards shares one refilled decode; each is written when whole
+        requests = [(k, int(i)) for k in todo[w : w + window] for i in order[k * shard_size : (k + 1) * shard_size]]
+        answers: dict[int, dict] = {k: {} for k in todo[w : w + window]}
+        stream = decoder.as_completed([ids[i] for _, i in requests], max_new_tokens, stops, batch_size=batch_size)
+        for j, result in stream:
+            k, i = requests[j]
+            answers[k][i] = result.token_ids
+            bar.update(1)
+            if len(answers[k]) == len(order[k * shard_size : (k + 1) * shard_size]):
+                write_shard(k, answers.pop(k))
+                done.append(names[k])
+                write_index([name for name in names if name in done])
     bar.close()
     return json.loads(index_path.read_text())
 

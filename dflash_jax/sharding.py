@@ -98,11 +98,11 @@ def placed(shapes, mesh: Mesh | None = None, logical_specs=None, dtype=None):
     """``shapes`` (a pytree of ``ShapeDtypeStruct``) with a sharding on every leaf, to restore into.
 
     With ``mesh``: laid out by the table from ``logical_specs`` (a matching pytree of logical
-    ``PartitionSpec``); without: on the first device (so orbax returns device arrays, not numpy
+    ``PartitionSpec``); without: on this process's first device (so orbax returns device arrays, not numpy
     copies). ``dtype``: cast every leaf (default: keep each leaf's).
     """
     if mesh is None:
-        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's first
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=one), shapes)
     shardings = logical_to_sharding(logical_specs, mesh)
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype or s.dtype, sharding=sh), shapes, shardings)

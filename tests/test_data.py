@@ -55,6 +55,16 @@ def test_prepare_writes_resumable_shards_of_the_targets_own_answers(target, tmp_
     assert {f: (out / "shard_00000" / f).read_bytes() for f in data.FILES} == before
     with pytest.raises(data.DataError, match=r"other settings \(max_new_tokens: 12 -> 13\); choose another --out"):
         prepare.prepare(ck, tok, items, out, max_new_tokens=13, batch_size=4, shard_size=4, progress=False)
+    # the same shards whatever the batching: 3 rows refilled over one shard at a time, and one row
+    other = prepare.prepare(
+        ck, tok, items, tmp_path / "e", max_new_tokens=12, batch_size=3, shard_size=4, window=1, progress=False
+    )
+    prepare.prepare(ck, tok, items, tmp_path / "f", max_new_tokens=12, batch_size=1, shard_size=4, progress=False)
+    assert other["settings"] == meta["settings"]
+    for name in meta["shards"]:
+        for f in data.FILES:
+            assert (tmp_path / "e" / name / f).read_bytes() == (out / name / f).read_bytes(), (name, f)
+            assert (tmp_path / "f" / name / f).read_bytes() == (out / name / f).read_bytes(), (name, f)
     np.save(out / "shard_00001" / "offsets.npy", np.array([0, 5], np.int64))
     with pytest.raises(data.DataError, match="shard_00001"):
         prepare.prepare(ck, tok, items, out, max_new_tokens=12, batch_size=4, shard_size=4, progress=False)
