@@ -277,18 +277,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser(
         "prepare-data",
-        help="training data: the target's own answers to prompt files",
-        description="Have the target answer user prompts (chat template, greedy, our batched "
-        "decoder) and write token ids + loss masks (answer tokens only) as shards. "
-        "Resumable: run the same command again after a kill.",
+        help="training data: the target's own answers to prompt files, or conversations made elsewhere",
+        description="Have the target answer user prompts (chat template, greedy, our decoder with rows "
+        "refilled as they finish) and write token ids + loss masks (answer tokens only) as shards; "
+        "or (--conversations) template conversations another engine made, the loss on their assistant "
+        "turns. Resumable: run the same command again after a kill.",
     )
     _add_target(m)
-    m.add_argument(
+    source = m.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--prompts",
         metavar="FILE",
-        required=True,
         nargs="+",
         help="prompt files: JSONL or a JSON list (GSM8K, Alpaca, MBPP or {'prompt': ...} rows)",
+    )
+    source.add_argument(
+        "--conversations",
+        metavar="FILE",
+        nargs="+",
+        help="conversations another engine made: JSONL or a JSON list of {'messages': [{role, content}]} "
+        "(OpenAI) or {'conversations': [{from, value}]} (ShareGPT) rows",
     )
     m.add_argument(
         "--format",
@@ -302,6 +310,31 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch-size", type=int, default=16, help="prompts the target answers together")
     m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
     m.add_argument("--seed", type=int, default=0, help="prompt order")
+    m.add_argument(
+        "--server",
+        metavar="URL",
+        help="answer through an OpenAI-compatible server serving the target (vLLM, SGLang, dflash-jax serve), "
+        "its API root such as http://localhost:8000/v1: every assistant turn regenerated, greedy",
+    )
+    m.add_argument("--server-model", metavar="NAME", help="the model name to ask --server for (default: its first)")
+    m.add_argument("--concurrency", type=int, default=8, help="requests in flight to --server")
+
+    sv = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible chat completions server for a target and its drafter",
+        description="Serve POST /v1/chat/completions (not streamed) and GET /v1/models on HOST:PORT with the "
+        "target and the speculation plan of the drafting flags (as generate); requests that arrive together "
+        "are decoded together. For prepare-data --server and trying a drafter from other clients.",
+    )
+    _add_target(sv)
+    sv.add_argument("--drafter", default="auto", help="as for generate: auto, a folder, ngram, random or none")
+    sv.add_argument("--block-size", type=int, default=None, help="speculative block size (as for generate)")
+    _add_speculation(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sv.add_argument("--batch-size", type=int, default=8, help="most requests decoded together")
+    sv.add_argument("--max-tokens", type=int, default=256, help="answer cap of a request that gives none")
+    sv.add_argument("--name", default=None, help="the model id clients see (default: the target's folder name)")
 
     f = sub.add_parser(
         "prepare-features",
@@ -762,6 +795,39 @@ def cmd_prepare_data(args) -> None:
         sys.exit("error: --limit must be >= 1")
     if min(args.max_new_tokens, args.batch_size, args.shard_size) < 1:
         sys.exit("error: --max-new-tokens, --batch-size and --shard-size must be >= 1")
+    if args.server:
+        from dflash_jax.client import ChatClient
+        from dflash_jax.conversations import Conversation, read_conversations
+
+        if args.conversations:
+            convs = [c for f in args.conversations for c in read_conversations(f, args.limit)]
+        else:
+            items = [p for f in args.prompts for p in prompts.read_prompts(f, args.format, args.limit)]
+            convs = [Conversation(({"role": "user", "content": p.text},), p.where) for p in items]
+        client = ChatClient(args.server, args.server_model, concurrency=args.concurrency)
+        ck, tok = _load(args)
+        t0 = time.perf_counter()
+        kw = dict(max_new_tokens=args.max_new_tokens, shard_size=args.shard_size, seed=args.seed)
+        meta = prepare.prepare_with_server(ck, tok, convs, args.out, client, concurrency=args.concurrency, **kw)
+        st = meta["stats"]
+        log(
+            f"{args.out}: {st['sequences']} conversations answered by {client.model} at {args.server}, "
+            f"{st['tokens']} tokens, {st['hit_cap']} answers cut at the cap; {time.perf_counter() - t0:.0f} s"
+        )
+        return
+    if args.conversations:
+        from dflash_jax.conversations import read_conversations
+
+        convs = [c for f in args.conversations for c in read_conversations(f, args.limit)]
+        ck, tok = _load(args)
+        t0 = time.perf_counter()
+        meta = prepare.prepare_conversations(ck, tok, convs, args.out, shard_size=args.shard_size, seed=args.seed)
+        st = meta["stats"]
+        log(
+            f"{args.out}: {st['sequences']} conversations, {st['tokens']} tokens ({st['looping']} with a looping "
+            f"assistant turn); {time.perf_counter() - t0:.0f} s"
+        )
+        return
     items = [p for f in args.prompts for p in prompts.read_prompts(f, args.format, args.limit)]
     ck, tok = _load(args)
     t0 = time.perf_counter()
@@ -1046,6 +1112,23 @@ def cmd_bench_report(args) -> None:
     log(f"wrote {args.out} (and its .md and plots)")
 
 
+def cmd_serve(args) -> None:
+    from dflash_jax import serve
+
+    if min(args.batch_size, args.max_tokens) < 1:
+        sys.exit("error: --batch-size and --max-tokens must be >= 1")
+    _check_speculation(args)
+    ck, tok = _load(args)
+    plan = _plan(args, ck, tok)
+    log(f"drafter: {args.drafter} ({plan.describe() if plan is not None else 'plain decoding'})")
+    name = args.name or Path(str(args.target)).name  # a known name, or the folder
+    server = serve.Server(ck, tok, plan, batch_size=args.batch_size, max_tokens=args.max_tokens, name=name)
+    try:
+        serve.serve(server, args.host, args.port)
+    except KeyboardInterrupt:
+        log("stopped")
+
+
 def main(argv=None) -> None:
     """Run the subcommand ``argv`` names (default: the command line)."""
     args = build_parser().parse_args(argv)
@@ -1064,6 +1147,7 @@ def main(argv=None) -> None:
             "plot-run": cmd_plot_run,
             "ship-drafter": cmd_ship_drafter,
             "bench-report": cmd_bench_report,
+            "serve": cmd_serve,
         }[args.command](args)
     except (DFlashError, OSError) as e:  # bad input, a missing or unwritable path: one line, no traceback
         # Reads still in flight in orbax's threads when a damaged checkpoint failed report their own

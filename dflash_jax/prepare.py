@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import numpy as np
 from tqdm import tqdm
 
 from dflash_jax import tokens
+from dflash_jax.conversations import Conversation
+from dflash_jax.conversations import tokenize as conv_tokenize
 from dflash_jax.data import FEATURES_FORMAT, SHARDED_FORMAT, Shard, TokenDataset, features_folder, write_dataset
 from dflash_jax.decode import Decoder
 from dflash_jax.errors import DataError
@@ -90,6 +93,95 @@ def _check_finished_shards(out: Path, names: Sequence[str], settings: dict, inde
             )
 
 
+class ShardFolder:
+    """A ``prepare-data`` folder being made, shard by shard (resumable).
+
+    On opening, what is there is checked against ``settings`` (the index and every finished
+    shard: ``_check_finished_shards``) before anything is written; ``todo`` lists the shards still
+    missing; ``write`` adds one atomically and rewrites the index (``meta.json``: the shards, their
+    summed stats, the settings, the sources).
+
+    Raises (on opening):
+      DataError: the folder (or a shard in it) was made with other settings (the settings that
+        differ named, old -> new), or its index is not a ``prepare-data`` index.
+    """
+
+    def __init__(self, ck, out: str | Path, settings: dict, num_items: int, sources: Sequence[str], legacy=None):
+        self.ck, self.out, self.settings, self.sources = ck, Path(out), settings, sorted(set(sources))
+        self.index_path = self.out / "meta.json"
+        indexed: list = []  # shards an index with these very settings lists
+        if self.index_path.exists():
+            try:
+                old = json.loads(self.index_path.read_text())
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+                raise DataError(
+                    f"{self.index_path} exists but is not a dflash-jax data index; choose another --out"
+                ) from None
+            if legacy is not None and isinstance(old, dict) and old.get("settings") == legacy:
+                self.settings = legacy  # written before prompts were hashed as a list
+            elif not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
+                raise DataError(f"{self.index_path} is not the index of a prepare-data folder; choose another --out")
+            elif old["settings"] != settings:
+                same = legacy is not None and old["settings"].get("prompts_sha256") == legacy["prompts_sha256"]
+                diff = differences_text(old["settings"], legacy if same else settings)
+                raise DataError(f"{self.out} holds data prepared with other settings ({diff}); {_SAME_SETTINGS}")
+            indexed = old.get("shards") or []
+        self.key = json_sha256(self.settings)
+        self.names = [f"shard_{k:05d}" for k in range(-(-num_items // settings["shard_size"]))]
+        _check_finished_shards(self.out, self.names, self.settings, indexed)  # before anything is written
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.done = [name for name in self.names if (self.out / name).exists()]
+        self.write_index()
+
+    @property
+    def todo(self) -> list[int]:
+        """The numbers of the shards still to make."""
+        return [k for k, name in enumerate(self.names) if name not in self.done]
+
+    def write(self, k: int, seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]], wheres, stats: dict):
+        """Write shard ``k`` (its sequences, loss masks, their sources and ``stats``), then the index."""
+        write_dataset(
+            self.out / self.names[k],
+            seqs,
+            masks,
+            meta={
+                "tokenizer_sha256": self.ck.identity["tokenizer_sha256"],
+                "stats": stats,
+                "settings_sha256": self.key,
+                "settings": self.settings,
+                "target": self.ck.identity,
+                "prompts": list(wheres),
+            },
+        )
+        self.done.append(self.names[k])
+        self.write_index()
+
+    def write_index(self) -> None:
+        done = [name for name in self.names if name in self.done]
+        stats = {"sequences": 0, "tokens": 0, "hit_cap": 0, "looping": 0}
+        for name in done:
+            m = json.loads((self.out / name / "meta.json").read_text())
+            for k in stats:
+                stats[k] += m["stats"][k]
+        meta = {
+            "format": SHARDED_FORMAT,
+            "format_version": 1,
+            "shards": done,
+            "complete": len(done) == len(self.names),
+            "settings": self.settings,
+            "stats": stats,
+            "tokenizer_sha256": self.ck.identity["tokenizer_sha256"],
+            "num_sequences": stats["sequences"],
+            "num_tokens": stats["tokens"],
+            "source": self.sources,
+            "content_sha256": {name: Shard(self.out / name).content_sha256 for name in done},
+        }
+        atomic_write_text(self.index_path, json.dumps(meta, indent=2))
+
+    def meta(self) -> dict:
+        return json.loads(self.index_path.read_text())
+
+
 def prepare(
     ck,
     tokenizer,
@@ -107,18 +199,17 @@ def prepare(
 
     The prompts are shuffled with ``seed`` and cut into shards of ``shard_size``; each shard is
     written atomically (``out/shard_00000`` ...), and a restart skips the shards already there
-    (after checking them). The answers are greedy, decoded on ``batch_size`` rows refilled as they
-    finish (``Decoder.as_completed``), ``window`` shards at a time: a window's rows stay busy until
-    its last answers (the cache is sized for the window's longest prompt), and each shard is written
-    as soon as its answers are in. ``out/meta.json`` indexes the shards and counts the answers that hit
-    the cap or loop (``loops``), since looping answers inflate acceptance.
+    (after checking them: ``ShardFolder``). The answers are greedy, decoded on ``batch_size`` rows
+    refilled as they finish (``Decoder.as_completed``), ``window`` shards at a time: a window's rows
+    stay busy until its last answers (the cache is sized for the window's longest prompt), and each
+    shard is written as soon as its answers are in. ``out/meta.json`` indexes the shards and counts
+    the answers that hit the cap or loop (``loops``), since looping answers inflate acceptance.
 
     Raises:
       DataError: a prompt too long for the target's context (named by file and line), a corrupt
         finished shard (named; the others are kept), or ``out`` (or a shard in it) prepared with
         other settings (the settings that differ named, old -> new).
     """
-    out = Path(out)
     ids = []
     for p in prompts:
         x = encode(tokenizer, p.text, chat=True)
@@ -139,103 +230,169 @@ def prepare(
         "target": ck.identity,
         "prompts_sha256": json_sha256([p.text for p in prompts]),
     }
-    key = json_sha256(settings)
-    index_path = out / "meta.json"
-    indexed: list = []  # shards an index with these very settings lists
-    if index_path.exists():
-        try:
-            old = json.loads(index_path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            raise DataError(f"{index_path} exists but is not a dflash-jax data index; choose another --out") from None
-        legacy = {**settings, "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
-        if isinstance(old, dict) and old.get("settings") == legacy:  # written before prompts were hashed as a list
-            settings, key = legacy, json_sha256(legacy)
-        elif not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
-            raise DataError(f"{index_path} is not the index of a prepare-data folder; choose another --out")
-        elif old["settings"] != settings:
-            same_prompts = old["settings"].get("prompts_sha256") == legacy["prompts_sha256"]
-            diff = differences_text(old["settings"], legacy if same_prompts else settings)
-            raise DataError(f"{out} holds data prepared with other settings ({diff}); {_SAME_SETTINGS}")
-        indexed = old.get("shards") or []
-    n_shards = -(-len(prompts) // shard_size)
-    names = [f"shard_{k:05d}" for k in range(n_shards)]
-    _check_finished_shards(out, names, settings, indexed)  # before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-
-    def write_index(done: list[str]) -> None:
-        stats = {"sequences": 0, "tokens": 0, "hit_cap": 0, "looping": 0}
-        for name in done:
-            m = json.loads((out / name / "meta.json").read_text())
-            for k in stats:
-                stats[k] += m["stats"][k]
-        meta = {
-            "format": SHARDED_FORMAT,
-            "format_version": 1,
-            "shards": done,
-            "complete": len(done) == n_shards,
-            "settings": settings,
-            "stats": stats,
-            "tokenizer_sha256": ck.identity["tokenizer_sha256"],
-            "num_sequences": stats["sequences"],
-            "num_tokens": stats["tokens"],
-            "source": sorted({p.where.rsplit(":", 1)[0] for p in prompts}),
-            "content_sha256": {name: Shard(out / name).content_sha256 for name in done},
-        }
-        atomic_write_text(index_path, json.dumps(meta, indent=2))
-
+    legacy = {**settings, "prompts_sha256": hashlib.sha256("\n".join(p.text for p in prompts).encode()).hexdigest()}
+    folder = ShardFolder(ck, out, settings, len(prompts), [p.where.rsplit(":", 1)[0] for p in prompts], legacy)
     decoder = Decoder(ck.params, ck.cfg)
     stops = tokens.stop_ids(tokenizer)
 
+    def shard(k: int) -> np.ndarray:
+        return order[k * shard_size : (k + 1) * shard_size]
+
     def write_shard(k: int, answers: dict) -> None:
-        idx = order[k * shard_size : (k + 1) * shard_size]
-        seqs = [ids[i] + answers[i] for i in idx]
-        keep = [j for j, i in enumerate(idx) if len(answers[i]) >= 2]  # a one-token answer holds no anchor
+        idx = shard(k)
+        keep = [i for i in idx if len(answers[i]) >= 2]  # a one-token answer holds no anchor
         if not keep:
             raise DataError(
-                f"every answer of {names[k]} has fewer than 2 tokens, so there is nothing to train on; "
+                f"every answer of {folder.names[k]} has fewer than 2 tokens, so there is nothing to train on; "
                 "raise --max-new-tokens"
             )
         responses = [answers[i] for i in idx]
         stats = {
             "sequences": len(keep),
-            "tokens": int(sum(len(seqs[j]) for j in keep)),
+            "tokens": int(sum(len(ids[i]) + len(answers[i]) for i in keep)),
             "hit_cap": sum(len(r) >= max_new_tokens and r[-1] not in stops for r in responses),
             "looping": sum(loops(r) for r in responses),
-            "dropped": len(seqs) - len(keep),
+            "dropped": len(idx) - len(keep),
         }
-        write_dataset(
-            out / names[k],
-            [seqs[j] for j in keep],
-            [[False] * len(ids[idx[j]]) + [True] * len(responses[j]) for j in keep],
-            meta={
-                "tokenizer_sha256": ck.identity["tokenizer_sha256"],
-                "stats": stats,
-                "settings_sha256": key,
-                "settings": settings,
-                "target": ck.identity,
-                "prompts": [prompts[idx[j]].where for j in keep],
-            },
-        )
+        seqs = [ids[i] + answers[i] for i in keep]
+        masks = [[False] * len(ids[i]) + [True] * len(answers[i]) for i in keep]
+        folder.write(k, seqs, masks, [prompts[i].where for i in keep], stats)
 
-    done = [name for name in names if (out / name).exists()]
-    todo = [k for k, name in enumerate(names) if name not in done]
-    write_index(done)
-    made = sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in todo)
-    bar = tqdm(total=len(prompts), initial=len(prompts) - made, desc="prepare-data", unit="prompt", disable=not progress)
+    todo = folder.todo
+    made = sum(len(shard(k)) for k in todo)
+    bar = tqdm(
+        total=len(prompts), initial=len(prompts) - made, desc="prepare-data", unit="prompt", disable=not progress
+    )
     for w in range(0, len(todo), window):  # a window of shards shares one refilled decode; each is written when whole
-        requests = [(k, int(i)) for k in todo[w : w + window] for i in order[k * shard_size : (k + 1) * shard_size]]
+        requests = [(k, int(i)) for k in todo[w : w + window] for i in shard(k)]
         answers: dict[int, dict] = {k: {} for k in todo[w : w + window]}
         stream = decoder.as_completed([ids[i] for _, i in requests], max_new_tokens, stops, batch_size=batch_size)
         for j, result in stream:
             k, i = requests[j]
             answers[k][i] = result.token_ids
             bar.update(1)
-            if len(answers[k]) == len(order[k * shard_size : (k + 1) * shard_size]):
+            if len(answers[k]) == len(shard(k)):
                 write_shard(k, answers.pop(k))
-                done.append(names[k])
-                write_index([name for name in names if name in done])
     bar.close()
-    return json.loads(index_path.read_text())
+    return folder.meta()
+
+
+def prepare_conversations(
+    ck, tokenizer, convs: Sequence[Conversation], out: str | Path, *, shard_size: int = 256, seed: int = 0
+) -> dict:
+    """Conversations another engine made (``conversations.read_conversations``) as training shards
+    under ``out``, as ``prepare`` writes them (the same format, index and checks; resumable): each
+    through the target's chat template, the loss on its assistant turns (``conversations.tokenize``).
+    A conversation with fewer than 2 assistant tokens is dropped (counted in the shard's stats).
+
+    Raises:
+      DataError: as ``prepare``; or a conversation the chat template cannot mask (named).
+    """
+    order = np.random.RandomState(seed).permutation(len(convs))
+    settings = {
+        "shard_size": shard_size,
+        "seed": seed,
+        "mode": "conversations",
+        "chat": True,
+        "num_conversations": len(convs),
+        "target": ck.identity,
+        "conversations_sha256": json_sha256([c.messages for c in convs]),
+    }
+    folder = ShardFolder(ck, out, settings, len(convs), [c.where.rsplit(":", 1)[0] for c in convs])
+    stops = tokens.stop_ids(tokenizer)
+    for k in folder.todo:
+        idx = order[k * shard_size : (k + 1) * shard_size]
+        rows = [conv_tokenize(tokenizer, convs[i], stops) for i in idx]
+        keep = [j for j, (_, m) in enumerate(rows) if sum(m) >= 2]
+        answers = [[t for t, m in zip(*rows[j]) if m] for j in keep]
+        stats = {
+            "sequences": len(keep),
+            "tokens": int(sum(len(rows[j][0]) for j in keep)),
+            "hit_cap": 0,  # made elsewhere: no cap known
+            "looping": sum(loops(a) for a in answers),
+            "dropped": len(idx) - len(keep),
+        }
+        wheres = [convs[idx[j]].where for j in keep]
+        folder.write(k, [rows[j][0] for j in keep], [rows[j][1] for j in keep], wheres, stats)
+    return folder.meta()
+
+
+def prepare_with_server(
+    ck,
+    tokenizer,
+    convs: Sequence[Conversation],
+    out: str | Path,
+    client,
+    *,
+    max_new_tokens: int = 384,
+    shard_size: int = 256,
+    seed: int = 0,
+    concurrency: int = 8,
+    progress: bool = True,
+) -> dict:
+    """Training shards of answers an OpenAI-compatible server serving the target makes (vLLM,
+    SGLang, ``dflash-jax serve``), the way SpecForge regenerates data: every assistant turn of each
+    conversation is asked for again, greedy, given the turns before it with the earlier answers
+    replaced by the server's (a conversation that ends with a user turn gets an answer to it), then
+    the conversation goes through the target's chat template with the loss on the server's answers
+    (``conversations.tokenize``; an answer cut at ``max_new_tokens`` is not taught to end). Written as
+    ``prepare`` writes shards (format, index, checks; resumable by shard), ``concurrency`` requests
+    in flight (``client``: ``client.ChatClient``).
+
+    Raises:
+      DataError: as ``prepare_conversations``; or a request that failed after its retries.
+    """
+    order = np.random.RandomState(seed).permutation(len(convs))
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "shard_size": shard_size,
+        "seed": seed,
+        "mode": "server greedy",
+        "chat": True,
+        "server_model": client.model,
+        "num_conversations": len(convs),
+        "target": ck.identity,
+        "conversations_sha256": json_sha256([c.messages for c in convs]),
+    }
+    folder = ShardFolder(ck, out, settings, len(convs), [c.where.rsplit(":", 1)[0] for c in convs])
+    stops = tokens.stop_ids(tokenizer)
+
+    def regenerate_one(conv: Conversation):
+        messages, cut = [], []
+        turns = list(conv.messages) + (
+            [{"role": "assistant", "content": ""}] * (conv.messages[-1]["role"] != "assistant")
+        )
+        for j, m in enumerate(turns):
+            if m["role"] == "assistant":
+                text, finish = client.chat(messages, max_new_tokens)
+                m = {"role": "assistant", "content": text}
+                if finish == "length":
+                    cut.append(j)
+            messages.append(m)
+        return conv_tokenize(tokenizer, Conversation(tuple(messages), conv.where), stops, cut), len(cut)
+
+    bar = tqdm(total=len(convs), desc="prepare-data", unit="conversation", disable=not progress)
+    bar.update(len(convs) - sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in folder.todo))
+    with ThreadPoolExecutor(concurrency) as pool:
+        for k in folder.todo:
+            idx = order[k * shard_size : (k + 1) * shard_size]
+            rows = []
+            for row in pool.map(regenerate_one, [convs[i] for i in idx]):
+                rows.append(row)
+                bar.update(1)
+            keep = [j for j, ((_, m), _) in enumerate(rows) if sum(m) >= 2]
+            answers = [[t for t, m in zip(*rows[j][0]) if m] for j in keep]
+            stats = {
+                "sequences": len(keep),
+                "tokens": int(sum(len(rows[j][0][0]) for j in keep)),
+                "hit_cap": sum(cut for _, cut in rows),
+                "looping": sum(loops(a) for a in answers),
+                "dropped": len(idx) - len(keep),
+            }
+            wheres = [convs[idx[j]].where for j in keep]
+            folder.write(k, [rows[j][0][0] for j in keep], [rows[j][0][1] for j in keep], wheres, stats)
+    bar.close()
+    return folder.meta()
 
 
 def write_features(
