@@ -318,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--server-model", metavar="NAME", help="the model name to ask --server for (default: its first)")
     m.add_argument("--concurrency", type=int, default=8, help="requests in flight to --server")
+    m.add_argument(
+        "--follow-ups",
+        action="store_true",
+        help="two-turn conversations: each prompt answered, then a follow-up turn (written in the manner of "
+        "MT-Bench's, never its text) answered; the loss on both answers",
+    )
 
     sv = sub.add_parser(
         "serve",
@@ -795,6 +801,8 @@ def cmd_prepare_data(args) -> None:
         sys.exit("error: --limit must be >= 1")
     if min(args.max_new_tokens, args.batch_size, args.shard_size) < 1:
         sys.exit("error: --max-new-tokens, --batch-size and --shard-size must be >= 1")
+    if args.follow_ups and (args.server or args.conversations):
+        sys.exit("error: --follow-ups makes two-turn conversations from --prompts with the target here; drop --server")
     if args.server:
         from dflash_jax.client import ChatClient
         from dflash_jax.conversations import Conversation, read_conversations
@@ -831,8 +839,9 @@ def cmd_prepare_data(args) -> None:
     items = [p for f in args.prompts for p in prompts.read_prompts(f, args.format, args.limit)]
     ck, tok = _load(args)
     t0 = time.perf_counter()
+    job = prepare.prepare_follow_ups if args.follow_ups else prepare.prepare
     try:
-        meta = prepare.prepare(
+        meta = job(
             ck,
             tok,
             items,

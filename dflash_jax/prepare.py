@@ -277,6 +277,114 @@ def prepare(
     return folder.meta()
 
 
+# Second turns in the manner of MT-Bench's (a follow-up that asks the assistant to rework its answer),
+# written here, never taken from MT-Bench, so that training never sees a benchmark turn.
+FOLLOW_UPS = (
+    "Can you make your answer shorter, in at most three sentences?",
+    "Explain the most important step of your answer in more detail.",
+    "Rewrite your answer so that a ten-year-old could follow it.",
+    "Give one more example of the same idea.",
+    "What could go wrong with your answer? Point out one weakness and fix it.",
+    "Summarize your answer as a bulleted list.",
+    "Now solve it or answer it in a different way.",
+    "Check your answer again. If anything is wrong, correct it.",
+    "Turn the main point of your answer into a short poem.",
+    "Give your answer a title and a one-paragraph abstract.",
+    "Write a question a curious reader might ask next, and answer it.",
+    "Make your answer more formal, as if for a report.",
+    "Which part of your answer are you least sure about, and why?",
+    "Give a real-world application of your answer.",
+    "Condense your answer into a single sentence.",
+    "If your answer has code, add comments and a test; if not, add a concrete example with numbers.",
+)
+
+
+def prepare_follow_ups(
+    ck,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    out: str | Path,
+    *,
+    max_new_tokens: int = 384,
+    batch_size: int = 16,
+    shard_size: int = 256,
+    seed: int = 0,
+    window: int = 8,
+    progress: bool = True,
+) -> dict:
+    """Two-turn conversations of the target's own answers (issue 38's multi-turn source): each prompt
+    answered (greedy), then a follow-up turn (one of ``FOLLOW_UPS``, chosen with ``seed``) answered
+    given the first answer; written as ``prepare`` writes shards, the loss on both assistant turns
+    (``conversations.tokenize``; an answer cut at ``max_new_tokens`` is not taught to end). Each turn
+    of a window of shards is one refilled decode (``Decoder.as_completed``).
+
+    Raises:
+      DataError: as ``prepare``.
+    """
+    order = np.random.RandomState(seed).permutation(len(prompts))
+    follow = np.random.RandomState(seed + 1).randint(len(FOLLOW_UPS), size=len(prompts))
+    settings = {
+        "max_new_tokens": max_new_tokens,
+        "shard_size": shard_size,
+        "seed": seed,
+        "mode": "greedy, a follow-up turn",
+        "chat": True,
+        "num_prompts": len(prompts),
+        "target": ck.identity,
+        "prompts_sha256": json_sha256([p.text for p in prompts]),
+        "follow_ups_sha256": json_sha256(FOLLOW_UPS),
+    }
+    folder = ShardFolder(ck, out, settings, len(prompts), [p.where.rsplit(":", 1)[0] for p in prompts])
+    decoder, stops = Decoder(ck.params, ck.cfg), tokens.stop_ids(tokenizer)
+
+    def answer(conversations: list[list[dict]]) -> list[tuple[str, bool]]:
+        """The greedy answer to each conversation: (text, cut at the cap)."""
+        ids = [tokens.chat_ids(tokenizer, c) for c in conversations]
+        for x in ids:
+            if len(x) + max_new_tokens > ck.cfg.max_position_embeddings:
+                raise DataError(f"a conversation of {len(x)} tokens + {max_new_tokens} exceeds the target's context")
+        out: list = [None] * len(ids)
+        for j, r in decoder.as_completed(ids, max_new_tokens, stops, batch_size=batch_size):
+            ended = bool(r.token_ids) and r.token_ids[-1] in stops
+            out[j] = (tokenizer.decode(r.token_ids[:-1] if ended else r.token_ids, skip_special_tokens=True), not ended)
+            bar.update(0.5)
+        return out
+
+    todo = folder.todo
+    bar = tqdm(total=len(prompts), desc="prepare-data (2 turns)", unit="prompt", disable=not progress)
+    bar.update(len(prompts) - sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in todo))
+    for w in range(0, len(todo), window):
+        idx = [int(i) for k in todo[w : w + window] for i in order[k * shard_size : (k + 1) * shard_size]]
+        turns = [[{"role": "user", "content": prompts[i].text}] for i in idx]
+        for c, (text, cut) in zip(turns, answer(turns)):
+            c += [{"role": "assistant", "content": text, "cut": cut}]
+        for c, i in zip(turns, idx):
+            c.append({"role": "user", "content": FOLLOW_UPS[follow[i]]})
+        plain = [[{"role": m["role"], "content": m["content"]} for m in c] for c in turns]
+        for c, (text, cut) in zip(turns, answer(plain)):
+            c.append({"role": "assistant", "content": text, "cut": cut})
+        rows = {}
+        for c, i in zip(turns, idx):
+            messages = tuple({"role": m["role"], "content": m["content"]} for m in c)
+            cut = [j for j, m in enumerate(c) if m.get("cut")]
+            rows[i] = (conv_tokenize(tokenizer, Conversation(messages, prompts[i].where), stops, cut), len(cut))
+        for k in todo[w : w + window]:
+            shard = [int(i) for i in order[k * shard_size : (k + 1) * shard_size]]
+            keep = [i for i in shard if sum(rows[i][0][1]) >= 2]
+            answers = [[t for t, m in zip(*rows[i][0]) if m] for i in keep]
+            stats = {
+                "sequences": len(keep),
+                "tokens": int(sum(len(rows[i][0][0]) for i in keep)),
+                "hit_cap": sum(rows[i][1] for i in shard),
+                "looping": sum(loops(a) for a in answers),
+                "dropped": len(shard) - len(keep),
+            }
+            wheres = [prompts[i].where for i in keep]
+            folder.write(k, [rows[i][0][0] for i in keep], [rows[i][0][1] for i in keep], wheres, stats)
+    bar.close()
+    return folder.meta()
+
+
 def prepare_conversations(
     ck, tokenizer, convs: Sequence[Conversation], out: str | Path, *, shard_size: int = 256, seed: int = 0
 ) -> dict:

@@ -124,3 +124,47 @@ def test_auto_reads_instruction_rows_as_alpaca_whatever_the_file_name(tmp_path):
 def test_loop_detector():
     assert loops([1, 2, 3] * 10)
     assert not loops(list(range(40)))
+
+
+def test_follow_ups_make_two_turn_conversations_of_the_targets_own_answers(target, tmp_path):
+    """``prepare-data --follow-ups``: each sequence is the prompt, the target's greedy answer, a
+    follow-up from ``FOLLOW_UPS`` and the target's greedy answer to it; the loss on exactly the two
+    answers."""
+    from dflash_jax.tokens import chat_ids, stop_ids
+
+    ck, tok = target
+    items = prompts.read_prompts(_prompt_file(tmp_path / "p.jsonl", 5, seed=3), limit=None)
+    kw = dict(max_new_tokens=8, batch_size=2, shard_size=2, progress=False)
+    meta = prepare.prepare_follow_ups(ck, tok, items, tmp_path / "d", **kw)
+    assert meta["complete"] and meta["settings"]["mode"] == "greedy, a follow-up turn"
+    dec, stops = Decoder(ck.params, ck.cfg), stop_ids(tok)
+    by_where = {p.where: p.text for p in items}
+    index = {p.where: i for i, p in enumerate(items)}
+    chosen = np.random.RandomState(1).randint(len(prepare.FOLLOW_UPS), size=len(items))
+
+    def answer(messages):
+        ids = dec.generate([chat_ids(tok, messages)], 8, stops)[0].token_ids
+        return tok.decode(ids, skip_special_tokens=True)
+
+    seen = 0
+    for name in meta["shards"]:
+        shard = data.Shard(tmp_path / "d" / name)
+        for k, where in enumerate(shard.meta["prompts"]):
+            ids = shard.tokens[shard.offsets[k] : shard.offsets[k + 1]].tolist()
+            mask = shard.loss_mask[shard.offsets[k] : shard.offsets[k + 1]].tolist()
+            starts = [j for j in range(len(mask)) if mask[j] and (j == 0 or not mask[j - 1])]
+            assert len(starts) == 2, mask
+            spans = [[], []]
+            for j, m in enumerate(mask):
+                if m:
+                    spans[int(j >= starts[1])].append(ids[j])
+            first = answer([{"role": "user", "content": by_where[where]}])
+            assert tok.decode(spans[0], skip_special_tokens=True) == first
+            follow = prepare.FOLLOW_UPS[chosen[index[where]]]  # as prepare chooses it (seed 0 + 1)
+            second = answer(
+                [{"role": "user", "content": by_where[where]}, {"role": "assistant", "content": first},
+                 {"role": "user", "content": follow}]
+            )  # fmt: skip
+            assert tok.decode(spans[1], skip_special_tokens=True) == second
+            seen += 1
+    assert seen == meta["num_sequences"] >= 4
