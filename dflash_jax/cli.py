@@ -694,20 +694,24 @@ def cmd_generate(args) -> None:
 
 def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
     """``generate --out``: ``offline.write_answers`` (resumable, rows refilled, split over processes)."""
+    import numpy as np
     from jax.experimental import multihost_utils
 
     from dflash_jax import offline
     from dflash_jax.utils import json_sha256
 
+    drafting = ("drafter", "block_size", "prompt_lookup", "ngram_max", "ngram_min", "verify_lengths", "calibrate")
     settings = {
         "target": ck.identity,
+        "dtype": args.dtype,
         "prompts_sha256": json_sha256([p.text for p in items]),
         "num_prompts": len(items),
         "chat": args.chat,
         "max_new_tokens": args.max_new_tokens,
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k},
         "seed": args.seed,
-        "drafter": plan.describe() if plan is not None else "none (plain decoding)",
+        "plan": plan.describe() if plan is not None else "none (plain decoding)",
+        **{k: getattr(args, k) for k in drafting + ("draft_vocab", "tree")},
     }
 
     def record(i: int, r) -> dict:
@@ -724,10 +728,12 @@ def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
             "compile_s": r.compile_s,
         }
 
-    barriers = iter(range(1 << 30))
-    barrier = None
-    if jax.process_count() > 1:
-        barrier = lambda: multihost_utils.sync_global_devices(f"generate-out-{next(barriers)}")  # noqa: E731
+    agree = None
+    if jax.process_count() > 1:  # a barrier that also says whether every process is fine
+
+        def agree(ok: bool) -> bool:
+            return bool(np.all(multihost_utils.process_allgather(np.array([ok]))))
+
     t0 = time.perf_counter()
     try:
         out = offline.write_answers(
@@ -741,7 +747,7 @@ def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
             seed=args.seed,
             batch_size=args.batch_size,
             part=(jax.process_index(), jax.process_count()),
-            barrier=barrier,
+            agree=agree,
         )
     except ValueError as e:
         sys.exit(f"error: {e}")

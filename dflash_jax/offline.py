@@ -41,7 +41,7 @@ def read_answers(path: Path, key: str) -> dict[int, dict]:
         return {}
     raw = path.read_bytes()
     lines = raw.decode("utf-8", errors="replace").split("\n")
-    tail = lines.pop()  # "" when the file ends with a newline; else a line a kill interrupted
+    cut = lines.pop() != ""  # the file does not end with a newline: a line a kill interrupted
     records = {}
     for n, line in enumerate(lines, 1):
         try:
@@ -50,7 +50,7 @@ def read_answers(path: Path, key: str) -> dict[int, dict]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             if n < len(lines):
                 raise DataError(f"{path}:{n} is not an answer record; delete that line (or the file), rerun") from None
-            tail, lines = line, lines[:-1]  # written but unreadable: the last line only, made again
+            cut, lines = True, lines[:-1]  # written but unreadable (or blank): the last line only, made again
             break
         if rec.get("settings_sha256") != key:
             raise DataError(
@@ -58,18 +58,20 @@ def read_answers(path: Path, key: str) -> dict[int, dict]:
                 "settings it was made with"
             )
         records[index] = rec
-    if tail:
+    if cut:
         atomic_write_text(path, "".join(line + "\n" for line in lines))
     return records
 
 
-def check_settings(out: Path, settings: dict) -> str:
-    """Record ``settings`` beside ``out`` (``<out>.settings.json``), or check them against the ones
-    recorded; returns their hash, which every answer record carries.
+def check_settings(out: Path, settings: dict, record: bool = True) -> str:
+    """Check ``settings`` against the ones recorded beside ``out`` (``<out>.settings.json``), or
+    record them there (with ``record``; as JSON: compared as JSON reads them back); returns their
+    hash, which every answer record carries.
 
     Raises:
       DataError: ``out`` was started with other settings (the differences named, old -> new).
     """
+    settings = json.loads(json.dumps(settings, default=str))
     key = json_sha256(settings)
     path = out.with_name(out.name + SETTINGS_SUFFIX)
     if path.exists():
@@ -84,9 +86,9 @@ def check_settings(out: Path, settings: dict) -> str:
             )
     elif out.exists() and out.stat().st_size:
         raise DataError(f"{out} exists and is not a dflash-jax answers file; choose another --out")
-    else:
+    elif record:
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(settings, indent=2, default=str))
+        atomic_write_text(path, json.dumps(settings, indent=2))
     return key
 
 
@@ -102,7 +104,7 @@ def write_answers(
     seed: int = 0,
     batch_size: int = 16,
     part: tuple[int, int] = (0, 1),
-    barrier: Callable[[], None] | None = None,
+    agree: Callable[[bool], bool] | None = None,
     progress: bool = True,
     log=log,
 ) -> Path:
@@ -117,8 +119,10 @@ def write_answers(
       record: ``(i, GenerationResult) -> dict``: prompt ``i``'s record (``index`` and
         ``settings_sha256`` are added).
       part: ``(index, count)``: this process decodes prompts ``index, index + count, ...`` into its
-        part file (``part_path``); ``barrier`` (required when ``count > 1``) waits for every
-        process, then process 0 merges the parts into ``out`` in prompt order.
+        part file (``part_path``), then process 0 merges the parts into ``out`` in prompt order.
+      agree: required when ``count > 1``: ``agree(ok)`` waits for every process and returns whether
+        every one passed ``ok`` True (a barrier that also tells a failure), so that a process that
+        refuses its input makes all of them stop at once instead of leaving them waiting.
 
     Returns: ``out``, complete, in prompt order (process 0; the others return it once merged).
 
@@ -127,25 +131,37 @@ def write_answers(
     """
     out = Path(out)
     index, count = part
-    if count > 1 and barrier is None:
-        raise ValueError("a job split over processes needs a barrier (jax.distributed's)")
-    if index == 0:
-        key = check_settings(out, settings)
-    if barrier is not None:
-        barrier()  # process 0 has recorded the settings (or refused them)
-    if index != 0:
-        key = check_settings(out, settings)
+    if count > 1 and agree is None:
+        raise ValueError("a job split over processes needs agree (a barrier over jax.distributed's processes)")
+
+    def together(step):  # run step on every process; if one fails, all raise
+        try:
+            result, error = step(), None
+        except DataError as e:
+            result, error = None, e
+        if agree is not None and not agree(error is None):
+            raise error or DataError("another process of this job refused its input (see its log); nothing was decoded")
+        if error is not None:
+            raise error
+        return result
+
+    def start():
+        key = check_settings(out, settings, record=index == 0)
+        done = read_answers(out, key) if count > 1 else {}  # a merged file from an earlier run of this job
+        done.update(read_answers(part_path(out, index, count), key))
+        return key, done
+
+    key, done = together(start)
     mine = list(range(index, len(prompt_ids), count))
     path = part_path(out, index, count)
-    done = read_answers(out, key) if count > 1 else {}  # a merged file from an earlier run of this job
-    done.update(read_answers(path, key))
     todo = [i for i in mine if i not in done]
     if todo:
         log(f"{len(mine) - len(todo)} of {len(mine)} answers already in {path}; decoding {len(todo)}")
         _decode_into(decoder, prompt_ids, todo, path, key, record, max_new_tokens, stop_ids, seed, batch_size, progress)
-    if barrier is not None:
-        barrier()  # every part complete
-    if index == 0:
+
+    def merge():
+        if index != 0:
+            return
         merged = dict(done)
         for p in range(count):
             merged.update(read_answers(part_path(out, p, count), key))
@@ -155,8 +171,10 @@ def write_answers(
         atomic_write_text(out, "".join(json.dumps(merged[i]) + "\n" for i in range(len(prompt_ids))))
         for p in range(count if count > 1 else 0):
             part_path(out, p, count).unlink(missing_ok=True)
-    if barrier is not None:
-        barrier()  # merged
+
+    if agree is not None:
+        agree(True)  # every part complete
+    together(merge)
     return out
 
 

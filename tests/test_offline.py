@@ -115,6 +115,15 @@ def test_answers_file_resumes_drops_a_cut_line_and_refuses_other_settings(tiny_m
     assert sorted(decoded) == [3, 4, 5] and out.read_text() == whole
     with pytest.raises(DataError, match="max_new_tokens: 10 -> 11"):
         offline.write_answers(dec, prompts, out, **{**kw, "settings": {"max_new_tokens": 11}})
+    out.write_text("\n".join(lines[:4]) + "\n\n")  # a blank last line: dropped from the file, not appended after
+    decoded.clear()
+    offline.write_answers(dec, prompts, out, batch_size=2, **kw)
+    assert sorted(decoded) == [4, 5] and out.read_text() == whole
+    tupled = {**kw, "settings": {"stops": (5, 7)}}  # compared as JSON reads it back: a rerun is not refused
+    offline.write_answers(dec, prompts, tmp_path / "t.jsonl", **tupled)
+    decoded.clear()
+    offline.write_answers(dec, prompts, tmp_path / "t.jsonl", **tupled)
+    assert decoded == []
     (tmp_path / "b.jsonl").write_text(lines[0].replace(json.loads(lines[0])["settings_sha256"], "0" * 64) + "\n")
     (tmp_path / "b.jsonl.settings.json").write_text(json.dumps({"max_new_tokens": 10}))
     with pytest.raises(DataError, match="other settings"):
@@ -159,10 +168,10 @@ def test_generate_out_killed_resumes_to_the_uninterrupted_file(tiny_models, tmp_
     assert again.wait(timeout=300) == 0, again.stderr.read()[-2000:]
     assert _records(out) == want
 
-    other = _cli(*args[:-3], "40", "--batch-size", "2", "--out", str(out), stderr=subprocess.PIPE, text=True)
+    other = _cli(*args, "--dtype", "bfloat16", "--out", str(out), stderr=subprocess.PIPE, text=True)
     assert other.wait(timeout=300) == 1
     err = other.stderr.read().strip().splitlines()[-1]
-    assert "other settings" in err and "max_new_tokens: 48 -> 40" in err, err
+    assert "other settings" in err and "dtype: 'float32' -> 'bfloat16'" in err, err
 
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -178,3 +187,16 @@ def test_generate_out_killed_resumes_to_the_uninterrupted_file(tiny_models, tmp_
         assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
     assert _records(two) == want
     assert not list(tmp_path.glob("two.jsonl.part-*"))  # merged, parts removed
+    # a refusal on one process stops every process at once, each with the one-line error
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    procs = [
+        _cli(*args[:-3], "40", "--batch-size", "2", "--out", str(two), "--coordinator", f"localhost:{port}",
+             "--num-processes", "2", "--process-id", str(i), env=env, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    for i, p in enumerate(procs):
+        assert p.wait(timeout=120) == 1
+        err = p.stderr.read().strip().splitlines()[-1]
+        assert ("max_new_tokens: 48 -> 40" if i == 0 else "other settings") in err, err
