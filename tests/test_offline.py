@@ -43,7 +43,7 @@ def _plan(kind: str, ck):
     return make_plan(TreeStep(DraftStep(dcfg, ck.cfg), 6, ngram=NgramStep(block_size=4)), dparams)
 
 
-@pytest.mark.parametrize("kind", ["plain", "dflash", "tree"])  # tree: with prompt lookup's branch
+@pytest.mark.parametrize("kind", ["plain", "ngram", "dflash", "tree"])  # tree: with prompt lookup's branch
 def test_refilled_rows_give_every_prompt_the_tokens_it_gets_alone(tiny_models, kind):
     """Greedy: 11 prompts of 1 to 60 tokens through 4 refilled rows (answers cut by stop tokens at
     different places and by the limit) give every prompt exactly its tokens decoded alone, with the
