@@ -46,6 +46,11 @@ from dflash_jax.target import Target, TargetConfig
 Array = jax.Array
 
 
+# What a block offset is trained toward (``block_loss``'s ``objective``): the answer's token, the
+# target's next-token distribution (forward KL), or that KL mixed with the total variation distance.
+OBJECTIVES = ("ce", "kl", "kl_tv")
+
+
 class Anchors(NamedTuple):
     positions: Array  # int32 [b, A], sorted; padding blocks repeat position 0
     valid: Array  # bool [b, A]; False = padding block (no valid position left)
@@ -122,12 +127,32 @@ class BlockStats(NamedTuple):
         return cls(z, z, per_offset, per_offset, z, z, z, z, z)
 
 
-def target_features(target_params, tokens: Array, *, tcfg: TargetConfig, layer_ids) -> Array:
+def target_features(target_params, tokens: Array, *, tcfg: TargetConfig, layer_ids, with_hidden: bool = False):
     """The frozen target's tapped features ``[b, T, len(layer_ids) * d]`` (compute dtype) of
     ``tokens`` ``[b, T]`` at positions ``0..T-1``, no KV cache: what the drafter is conditioned on
-    (SPEC "Training"); the training step and ``data.write_features`` both call this."""
+    (SPEC "Training"); the training step and ``data.write_features`` both call this. With
+    ``with_hidden``: ``(features, hidden)``, ``hidden`` ``[b, T, d]`` the target's last hidden state
+    (its LM head gives the next-token logits; the ``kl`` objectives read them)."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    return Target(tcfg).apply({"params": target_params}, tokens, positions, None, tuple(layer_ids))[1]
+    hidden, feats, _ = Target(tcfg).apply({"params": target_params}, tokens, positions, None, tuple(layer_ids))
+    return (feats, hidden) if with_hidden else feats
+
+
+def distribution_loss(logits: Array, target_logits: Array, objective: str, tv_weight: float) -> Array:
+    """Per position, how far the drafter's distribution ``q = softmax(logits)`` is from the target's
+    ``p = softmax(target_logits)`` (both float32 ``[..., V]``): ``kl`` the forward KL(p || q) = sum
+    p (log p - log q) (distillation to the target's distribution); ``kl_tv`` ``(1 - tv_weight) KL +
+    tv_weight TV`` with TV(p, q) = sum |p - q| / 2, since a sampled draft token is accepted with
+    probability 1 - TV (SPEC "Sampling"; the LK losses of SpecForge PR 823 mix the two). No gradient
+    reaches ``target_logits``. Returns float32 ``[...]``."""
+    logp = jax.nn.log_softmax(jax.lax.stop_gradient(target_logits).astype(jnp.float32), axis=-1)
+    logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    p = jnp.exp(logp)
+    kl = jnp.sum(p * (logp - logq), axis=-1)
+    if objective == "kl":
+        return kl
+    tv = 0.5 * jnp.sum(jnp.abs(p - jnp.exp(logq)), axis=-1)
+    return (1.0 - tv_weight) * kl + tv_weight * tv
 
 
 def context_kv(drafter_params, feats: Array, cfg: DrafterConfig):
@@ -226,6 +251,8 @@ def block_loss(
     remat: bool = True,
     feats: Array | None = None,
     selector_stop_grad: bool = False,
+    objective: str = "ce",
+    tv_weight: float = 0.5,
 ) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
@@ -246,11 +273,25 @@ def block_loss(
         (stored by ``data.write_features``); ``None``: computed here by the frozen target.
       selector_stop_grad: DFlash 2 only: the selector loss trains the selector's own parameters
         only (no gradient into the unary logits and the backbone).
+      objective: ``OBJECTIVES``: ``ce`` the cross-entropy with the answer's token at each offset
+        (SPEC); ``kl`` / ``kl_tv`` ``distribution_loss`` against the target's next-token
+        distribution at the label's position (its LM head on the hidden state one position
+        before), weighted alike; ``tv_weight``: ``kl_tv``'s share of TV.
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
     b, t = tokens.shape
-    if feats is None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    target_hidden = None
+    if objective != "ce":
+        if feats is not None:
+            raise ValueError(f"objective {objective!r} needs the target's forward; stored features do not hold it")
+        feats, target_hidden = target_features(
+            target_params, tokens, tcfg=tcfg, layer_ids=cfg.target_layer_ids, with_hidden=True
+        )
+        target_hidden = jax.lax.stop_gradient(target_hidden)
+    elif feats is None:
         feats = target_features(target_params, tokens, tcfg=tcfg, layer_ids=cfg.target_layer_ids)
     feats = jax.lax.stop_gradient(feats.astype(tcfg.compute_dtype))  # stored features are float32
     ctx_kv = context_kv(drafter_params, feats, cfg)
@@ -279,8 +320,14 @@ def block_loss(
             with_hidden=True,
         )  # offsets 1..k
         prev, lab, u = lab[..., :k], lab[..., 1 : k + 1], u[..., 1 : k + 1]  # the gold token before each offset
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        if target_hidden is None:
+            logz = jax.nn.logsumexp(logits, axis=-1)
+            ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        else:  # the target's distribution of the token at offset j comes from its hidden state at pos + j - 1
+            before = jnp.minimum(pos[..., None] + jnp.arange(k), t - 1)  # [b, chunk, k]
+            h = jax.vmap(lambda hs, idx: hs[idx])(target_hidden, before)  # [b, chunk, k, d]
+            target_logits = Target(tcfg).apply({"params": target_params}, h, method="logits")
+            ce = distribution_loss(logits, target_logits, objective, tv_weight)
         uf = u.astype(jnp.float32)
         right = (jnp.argmax(logits, -1) == lab) & u
         # leading correct offsets (1..k) of each real block: its acceptance length minus the bonus

@@ -117,6 +117,8 @@ class Trainer:
             anchor_chunk=t.anchor_chunk,
             loss_offsets=t.loss_offsets,
             remat=t.remat,
+            objective=t.objective,
+            tv_weight=t.tv_weight,
         )
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.init_from:

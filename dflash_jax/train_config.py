@@ -26,6 +26,7 @@ from ml_collections import ConfigDict
 from dflash_jax import dflash_format
 from dflash_jax.drafter import BLOCK_INPUTS, DrafterConfig, check_fits
 from dflash_jax.errors import ConfigError
+from dflash_jax.loss import OBJECTIVES
 from dflash_jax.target import TargetConfig
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import json_sha256
@@ -169,6 +170,13 @@ class TrainSettings:
       length_buckets: increasing padded lengths, each batch padded to the smallest that holds it
         (``max_len`` is always the last); (): every batch at ``max_len``.
       lr: the peak learning rate (> 0); copy_bias_lr: the copy-bias table's (0: ``lr``).
+      objective: what each supervised block offset is trained toward (``loss.OBJECTIVES``):
+        ``ce`` the answer's token (hard labels, the paper's); ``kl`` the target's next-token
+        distribution there (forward KL); ``kl_tv`` that KL mixed with the total variation distance,
+        ``(1 - tv_weight) KL + tv_weight TV`` (1 - TV is a sampled draft token's acceptance rate).
+        ``kl`` and ``kl_tv`` run the target's LM head on the blocks' positions (not with
+        ``stored_features``).
+      tv_weight: ``kl_tv``'s share of TV, in [0, 1].
       selector_alpha: DFlash 2: the selector loss's weight beside the block loss (>= 0).
       selector_stop_grad: DFlash 2: the selector loss trains the selector only.
       warmup_frac: the linear warmup's share of ``steps``; then cosine decay to 0.
@@ -192,6 +200,8 @@ class TrainSettings:
     length_buckets: tuple[int, ...] = ()
     lr: float
     copy_bias_lr: float = 0.0
+    objective: str = "ce"
+    tv_weight: float = 0.5
     selector_alpha: float = 1.0
     selector_stop_grad: bool = False
     warmup_frac: float
@@ -229,6 +239,13 @@ class TrainSettings:
             _is_number(self.selector_alpha) and self.selector_alpha >= 0, "train.selector_alpha must be a number >= 0"
         )
         _need(isinstance(self.selector_stop_grad, bool), "train.selector_stop_grad must be True or False")
+        _need(self.objective in OBJECTIVES, f"train.objective must be one of {', '.join(OBJECTIVES)}")
+        _need(_is_number(self.tv_weight) and 0 <= self.tv_weight <= 1, "train.tv_weight must be in [0, 1]")
+        _need(
+            self.objective == "ce" or not self.stored_features,
+            f"train.objective {self.objective!r} reads the target's distribution, which stored features do not "
+            "hold: set train.stored_features=False",
+        )
         for key in ("warmup_frac", "weight_decay", "b1", "b2"):
             value = getattr(self, key)
             _need(_is_number(value) and 0 <= value <= 1, f"train.{key} must be in [0, 1]")
@@ -530,7 +547,8 @@ def drafter_config(c: TrainConfig, target: TargetConfig, tokenizer) -> DrafterCo
 # The train fields a run's identity leaves out, so that a run keeps the id it had before they
 # existed (the dict hashed is the one the ConfigDict-era code hashed: ``train`` as the file set it,
 # which held every field but these):
-NEWER_TRAIN_FIELDS = ("loss_offsets", "length_buckets", "copy_bias_lr")  # added later: left out at their defaults
+# added later: left out at these defaults
+NEWER_TRAIN_FIELDS = {"loss_offsets": 0, "length_buckets": (), "copy_bias_lr": 0.0, "objective": "ce", "tv_weight": 0.5}
 SPEED_ONLY_TRAIN_FIELDS = ("remat", "stored_features")  # speed against memory or disk: the same run either way
 DFLASH2_TRAIN_FIELDS = ("selector_alpha", "selector_stop_grad")  # no effect on a DFlash drafter
 
@@ -562,8 +580,8 @@ def run_identity(
         (None: no length buckets).
     """
     train = dataclasses.asdict(c.train)
-    for key in NEWER_TRAIN_FIELDS:
-        if not train[key]:
+    for key, default in NEWER_TRAIN_FIELDS.items():
+        if train[key] == default:
             del train[key]
     for key in SPEED_ONLY_TRAIN_FIELDS + (() if dcfg.dflash2 else DFLASH2_TRAIN_FIELDS):
         del train[key]

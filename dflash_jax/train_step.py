@@ -65,6 +65,8 @@ def train_step(
     remat=True,
     selector_alpha=1.0,
     selector_stop_grad=False,
+    objective="ce",
+    tv_weight=0.5,
 ):
     """One optimiser update over ``accum`` micro-batches.
 
@@ -93,7 +95,7 @@ def train_step(
         grads, stats = carry
         tokens, mask, anc, feats = xs
 
-        def objective(p):
+        def loss_of(p):
             s = loss_lib.block_loss(
                 p,
                 target_params,
@@ -108,10 +110,12 @@ def train_step(
                 remat=remat,
                 feats=feats,
                 selector_stop_grad=selector_stop_grad,
+                objective=objective,
+                tv_weight=tv_weight,
             )
             return (s.loss + selector_alpha * s.selector_loss) / total_weight, s
 
-        (_, s), g = jax.value_and_grad(objective, has_aux=True)(params)
+        (_, s), g = jax.value_and_grad(loss_of, has_aux=True)(params)
         return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, stats, s)), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -139,6 +143,8 @@ def sharded_step(
     stored_features=False,
     selector_alpha=1.0,
     selector_stop_grad=False,
+    objective="ce",
+    tv_weight=0.5,
 ):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
@@ -173,6 +179,8 @@ def sharded_step(
         remat=remat,
         selector_alpha=selector_alpha,
         selector_stop_grad=selector_stop_grad,
+        objective=objective,
+        tv_weight=tv_weight,
     )
     jitted = jax.jit(
         step,
@@ -211,10 +219,24 @@ def summarise(s: loss_lib.BlockStats, dflash2: bool = False) -> dict:
 
 
 def eval_stats(
-    params, target_params, batch, rng, *, tcfg, dcfg, num_anchors, gamma, anchor_chunk, loss_offsets=0, remat=True
+    params,
+    target_params,
+    batch,
+    rng,
+    *,
+    tcfg,
+    dcfg,
+    num_anchors,
+    gamma,
+    anchor_chunk,
+    loss_offsets=0,
+    remat=True,
+    objective="ce",
+    tv_weight=0.5,
 ):
     """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
-    micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``."""
+    micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``; the loss is the
+    training ``objective``'s."""
     batch = jax.tree.map(lambda x: x[0], batch)
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
     return loss_lib.block_loss(
@@ -230,4 +252,6 @@ def eval_stats(
         loss_offsets=loss_offsets,
         remat=remat,
         feats=batch.get("features"),
+        objective=objective,
+        tv_weight=tv_weight,
     )

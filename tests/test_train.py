@@ -1275,3 +1275,66 @@ def test_dflash2_trains_from_a_dflash_drafter_and_exports_a_reference_folder(tra
         tiny_config(ck, folder, tmp_path / "e", "drafter.selector_rank=4")
     with pytest.raises(ConfigError, match="needs drafter.selector_rank >= 1"):
         tiny_config(ck, folder, tmp_path / "e", "drafter.conv_kernel_size=2")
+
+
+@pytest.mark.parametrize("objective", ["kl", "kl_tv"])
+def test_distribution_objectives_read_the_targets_next_token_distribution(tiny, objective):
+    """``train.objective`` kl / kl_tv: each supervised offset's loss is the distance from the target's
+    distribution one position before its label (its full forward's logits there), computed here in
+    numpy from the drafter's logits: KL(p || q), and (1 - a) KL + a TV; the metrics are the CE
+    objective's; the gradient is finite and reaches the drafter."""
+    ck, _ = tiny
+    dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=4)
+    kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    s = loss.block_loss(dparams, ck.params, tokens, mask, anchors, objective=objective, tv_weight=0.3, **kw)
+    ce = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    model = Target(ck.cfg)
+    hidden, feats, _ = model.apply(
+        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
+    )
+    target_logits = np.asarray(model.apply({"params": ck.params}, hidden, method="logits"), np.float64)  # [b, T, V]
+    q_logits = np.asarray(
+        loss.block_logits(
+            dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
+        ),
+        np.float64,
+    )  # [b, A, 7, V], offsets 1..7
+    _, use = loss.block_labels(tokens, mask, anchors, 8)
+    w = np.asarray(loss.offset_weights(8, 4.0))
+    pos = np.asarray(anchors.positions)
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    want = 0.0
+    for b, a, j in zip(*np.nonzero(np.asarray(use)[..., 1:])):
+        p, q = softmax(target_logits[b, pos[b, a] + j]), softmax(q_logits[b, a, j])  # label at pos + j + 1
+        kl, tv = np.sum(p * (np.log(p) - np.log(q))), 0.5 * np.abs(p - q).sum()
+        want += w[j + 1] * (kl if objective == "kl" else 0.7 * kl + 0.3 * tv)
+    np.testing.assert_allclose(float(s.loss), want, rtol=2e-4)
+    np.testing.assert_array_equal(s.correct, ce.correct)  # accuracies are about the answer's tokens
+    grads = jax.grad(lambda p: loss.block_loss(p, ck.params, tokens, mask, anchors, objective=objective, **kw).loss)(
+        dparams
+    )
+    norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
+    assert all(np.isfinite(norms)) and max(norms) > 0
+
+
+def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
+    """An unknown objective, a tv_weight outside [0, 1] and a KL objective with stored features are
+    config errors naming the fix; the default objective leaves a run's id as it was."""
+    ck, folder = tiny
+    with pytest.raises(ConfigError, match="train.objective must be one of ce, kl, kl_tv"):
+        tiny_config(ck, folder, tmp_path / "a", "train.objective=mse")
+    with pytest.raises(ConfigError, match=r"train.tv_weight must be in \[0, 1\]"):
+        tiny_config(ck, folder, tmp_path / "a", "train.objective=kl_tv", "train.tv_weight=1.5")
+    with pytest.raises(ConfigError, match="set train.stored_features=False"):
+        tiny_config(ck, folder, tmp_path / "a", "train.objective=kl", "train.stored_features=True")
+    from dflash_jax.train_config import NEWER_TRAIN_FIELDS
+
+    assert NEWER_TRAIN_FIELDS["objective"] == "ce" and NEWER_TRAIN_FIELDS["tv_weight"] == 0.5
+    base = Trainer(tiny_config(ck, folder, tmp_path / "b"), log=lambda m: None)
+    kl = Trainer(tiny_config(ck, folder, tmp_path / "c", "train.objective=kl"), log=lambda m: None)
+    assert "objective" not in base.identity["train"] and kl.identity["train"]["objective"] == "kl"
+    assert base.run_id != kl.run_id
