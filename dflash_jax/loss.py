@@ -49,6 +49,9 @@ Array = jax.Array
 # What a block offset is trained toward (``block_loss``'s ``objective``): the answer's token, the
 # target's next-token distribution (forward KL), or that KL mixed with the total variation distance.
 OBJECTIVES = ("ce", "kl", "kl_tv")
+# How block offsets are weighted (``block_loss``'s ``position_weights``): the fixed decay (SPEC), or the
+# decay times each block's chance of reaching the offset under the drafter as it is now.
+POSITION_WEIGHTS = ("decay", "reach")
 
 
 class Anchors(NamedTuple):
@@ -253,6 +256,7 @@ def block_loss(
     selector_stop_grad: bool = False,
     objective: str = "ce",
     tv_weight: float = 0.5,
+    position_weights: str = "decay",
 ) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
@@ -277,12 +281,21 @@ def block_loss(
         (SPEC); ``kl`` / ``kl_tv`` ``distribution_loss`` against the target's next-token
         distribution at the label's position (its LM head on the hidden state one position
         before), weighted alike; ``tv_weight``: ``kl_tv``'s share of TV.
+      position_weights: ``POSITION_WEIGHTS``: ``decay`` the fixed ``w_k`` (SPEC); ``reach`` ``w_k``
+        times the block's chance of reaching offset ``k``, the product of the drafter's probabilities
+        of the answer's tokens at offsets ``1 .. k-1`` (no gradient through it; acceptance-adaptive
+        weights in the manner of D-PACE, arXiv 2605.18810): the later offsets count where the
+        drafter already gets the earlier ones right. The returned ``weight`` is that weighted
+        count (so ``loss / weight`` stays an average), while a trainer normalises the gradient by
+        the fixed weights' sum (``train_step``), as for ``decay``.
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
     b, t = tokens.shape
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if position_weights not in POSITION_WEIGHTS:
+        raise ValueError(f"position_weights must be one of {POSITION_WEIGHTS}, got {position_weights!r}")
     target_hidden = None
     if objective != "ce":
         if feats is not None:
@@ -329,6 +342,11 @@ def block_loss(
             target_logits = Target(tcfg).apply({"params": target_params}, h, method="logits")
             ce = distribution_loss(logits, target_logits, objective, tv_weight)
         uf = u.astype(jnp.float32)
+        wk = jnp.broadcast_to(w[1 : k + 1], uf.shape)
+        if position_weights == "reach":  # the chance of reaching offset j: the earlier labels' probabilities
+            logq = jax.nn.log_softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), axis=-1)
+            hit = jnp.take_along_axis(logq, lab[..., None], axis=-1)[..., 0]  # log q(label) per offset
+            wk = wk * jnp.exp(jnp.cumsum(hit, axis=-1) - hit)  # offsets 1 .. j-1 (offset 1: 1)
         right = (jnp.argmax(logits, -1) == lab) & u
         # leading correct offsets (1..k) of each real block: its acceptance length minus the bonus
         lead = jnp.cumprod(right.astype(jnp.int32), axis=-1).sum(-1)
@@ -340,8 +358,8 @@ def block_loss(
             sce, picked, covered = selector_loss(drafter_params, cfg, sg(hidden), sg(logits), lab, prev)
             selector = (jnp.sum(jnp.where(u, sce, 0.0) * w[1 : k + 1]), jnp.sum(picked & u), jnp.sum(covered & u))
         return (
-            jnp.sum(ce * uf * w[1 : k + 1]),
-            jnp.sum(uf * w[1 : k + 1]),
+            jnp.sum(ce * uf * wk),
+            jnp.sum(uf * wk),
             jnp.pad(uf.sum((0, 1)), pad),
             jnp.pad(right.astype(jnp.float32).sum((0, 1)), pad),
             jnp.sum(jnp.where(valid, lead, 0)).astype(jnp.float32),

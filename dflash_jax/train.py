@@ -119,6 +119,7 @@ class Trainer:
             remat=t.remat,
             objective=t.objective,
             tv_weight=t.tv_weight,
+            position_weights=t.position_weights,
         )
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.init_from:

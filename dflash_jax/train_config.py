@@ -26,7 +26,7 @@ from ml_collections import ConfigDict
 from dflash_jax import dflash_format
 from dflash_jax.drafter import BLOCK_INPUTS, DrafterConfig, check_fits
 from dflash_jax.errors import ConfigError
-from dflash_jax.loss import OBJECTIVES
+from dflash_jax.loss import OBJECTIVES, POSITION_WEIGHTS
 from dflash_jax.target import TargetConfig
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import json_sha256
@@ -177,6 +177,8 @@ class TrainSettings:
         ``kl`` and ``kl_tv`` run the target's LM head on the blocks' positions (not with
         ``stored_features``).
       tv_weight: ``kl_tv``'s share of TV, in [0, 1].
+      position_weights: ``decay`` (the fixed ``gamma`` decay) or ``reach`` (the decay times each
+        block's chance of reaching the offset under the drafter as it is: ``loss.block_loss``).
       selector_alpha: DFlash 2: the selector loss's weight beside the block loss (>= 0).
       selector_stop_grad: DFlash 2: the selector loss trains the selector only.
       warmup_frac: the linear warmup's share of ``steps``; then cosine decay to 0.
@@ -202,6 +204,7 @@ class TrainSettings:
     copy_bias_lr: float = 0.0
     objective: str = "ce"
     tv_weight: float = 0.5
+    position_weights: str = "decay"
     selector_alpha: float = 1.0
     selector_stop_grad: bool = False
     warmup_frac: float
@@ -241,6 +244,10 @@ class TrainSettings:
         _need(isinstance(self.selector_stop_grad, bool), "train.selector_stop_grad must be True or False")
         _need(self.objective in OBJECTIVES, f"train.objective must be one of {', '.join(OBJECTIVES)}")
         _need(_is_number(self.tv_weight) and 0 <= self.tv_weight <= 1, "train.tv_weight must be in [0, 1]")
+        _need(
+            self.position_weights in POSITION_WEIGHTS,
+            f"train.position_weights must be one of {', '.join(POSITION_WEIGHTS)}",
+        )
         _need(
             self.objective == "ce" or not self.stored_features,
             f"train.objective {self.objective!r} reads the target's distribution, which stored features do not "
@@ -548,7 +555,14 @@ def drafter_config(c: TrainConfig, target: TargetConfig, tokenizer) -> DrafterCo
 # existed (the dict hashed is the one the ConfigDict-era code hashed: ``train`` as the file set it,
 # which held every field but these):
 # added later: left out at these defaults
-NEWER_TRAIN_FIELDS = {"loss_offsets": 0, "length_buckets": (), "copy_bias_lr": 0.0, "objective": "ce", "tv_weight": 0.5}
+NEWER_TRAIN_FIELDS = {
+    "loss_offsets": 0,
+    "length_buckets": (),
+    "copy_bias_lr": 0.0,
+    "objective": "ce",
+    "tv_weight": 0.5,
+    "position_weights": "decay",
+}
 SPEED_ONLY_TRAIN_FIELDS = ("remat", "stored_features")  # speed against memory or disk: the same run either way
 DFLASH2_TRAIN_FIELDS = ("selector_alpha", "selector_stop_grad")  # no effect on a DFlash drafter
 

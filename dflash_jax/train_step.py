@@ -67,6 +67,7 @@ def train_step(
     selector_stop_grad=False,
     objective="ce",
     tv_weight=0.5,
+    position_weights="decay",
 ):
     """One optimiser update over ``accum`` micro-batches.
 
@@ -112,6 +113,7 @@ def train_step(
                 selector_stop_grad=selector_stop_grad,
                 objective=objective,
                 tv_weight=tv_weight,
+                position_weights=position_weights,
             )
             return (s.loss + selector_alpha * s.selector_loss) / total_weight, s
 
@@ -145,6 +147,7 @@ def sharded_step(
     selector_stop_grad=False,
     objective="ce",
     tv_weight=0.5,
+    position_weights="decay",
 ):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
@@ -181,6 +184,7 @@ def sharded_step(
         selector_stop_grad=selector_stop_grad,
         objective=objective,
         tv_weight=tv_weight,
+        position_weights=position_weights,
     )
     jitted = jax.jit(
         step,
@@ -233,6 +237,7 @@ def eval_stats(
     remat=True,
     objective="ce",
     tv_weight=0.5,
+    position_weights="decay",
 ):
     """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
     micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``; the loss is the
@@ -254,4 +259,5 @@ def eval_stats(
         feats=batch.get("features"),
         objective=objective,
         tv_weight=tv_weight,
+        position_weights=position_weights,
     )

@@ -1329,6 +1329,8 @@ def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
         tiny_config(ck, folder, tmp_path / "a", "train.objective=mse")
     with pytest.raises(ConfigError, match=r"train.tv_weight must be in \[0, 1\]"):
         tiny_config(ck, folder, tmp_path / "a", "train.objective=kl_tv", "train.tv_weight=1.5")
+    with pytest.raises(ConfigError, match="train.position_weights must be one of decay, reach"):
+        tiny_config(ck, folder, tmp_path / "a", "train.position_weights=flat")
     with pytest.raises(ConfigError, match="set train.stored_features=False"):
         tiny_config(ck, folder, tmp_path / "a", "train.objective=kl", "train.stored_features=True")
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
@@ -1338,3 +1340,37 @@ def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
     kl = Trainer(tiny_config(ck, folder, tmp_path / "c", "train.objective=kl"), log=lambda m: None)
     assert "objective" not in base.identity["train"] and kl.identity["train"]["objective"] == "kl"
     assert base.run_id != kl.run_id
+
+
+def test_reach_position_weights_count_an_offset_by_the_chance_of_reaching_it(tiny):
+    """``train.position_weights=reach``: offset k's cross-entropy is weighted by the decay times the
+    drafter's probabilities of the answer's tokens at offsets 1..k-1 (numpy statement), and the
+    returned weight is the same weighted count."""
+    ck, _ = tiny
+    dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=6)
+    kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    s = loss.block_loss(dparams, ck.params, tokens, mask, anchors, position_weights="reach", **kw)
+    _, feats, _ = Target(ck.cfg).apply(
+        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
+    )
+    ctx = loss.context_kv(dparams, feats, dcfg)
+    logits = np.asarray(loss.block_logits(dparams, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg), np.float64)
+    labels, use = (np.asarray(x) for x in loss.block_labels(tokens, mask, anchors, 8))
+    w = np.asarray(loss.offset_weights(8, 4.0))
+    logq = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
+    want_loss = want_weight = 0.0
+    for b, a in zip(*np.nonzero(use[..., 1:].any(-1))):
+        reach = 1.0
+        for j in range(7):  # offset j + 1, label labels[b, a, j + 1]
+            lq = logq[b, a, j, labels[b, a, j + 1]]
+            if use[b, a, j + 1]:
+                want_loss += w[j + 1] * reach * -lq
+                want_weight += w[j + 1] * reach
+            reach *= np.exp(lq)
+    np.testing.assert_allclose([float(s.loss), float(s.weight)], [want_loss, want_weight], rtol=2e-4)
+    decay = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    assert float(s.weight) < float(decay.weight)
