@@ -1337,9 +1337,13 @@ def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
 
     assert NEWER_TRAIN_FIELDS["objective"] == "ce" and NEWER_TRAIN_FIELDS["tv_weight"] == 0.5
     base = Trainer(tiny_config(ck, folder, tmp_path / "b"), log=lambda m: None)
-    kl = Trainer(tiny_config(ck, folder, tmp_path / "c", "train.objective=kl"), log=lambda m: None)
-    assert "objective" not in base.identity["train"] and kl.identity["train"]["objective"] == "kl"
+    extra = ("train.objective=kl_tv", "train.position_weights=reach")
+    kl = Trainer(tiny_config(ck, folder, tmp_path / "c", *extra), log=lambda m: None)
+    assert "objective" not in base.identity["train"] and kl.identity["train"]["objective"] == "kl_tv"
     assert base.run_id != kl.run_id
+    first = kl.run(stop_after=1)  # through the sharded step
+    last = kl.run(stop_after=3)
+    assert np.isfinite(first["loss"]) and np.isfinite(last["loss"]) and last["step"] == 4
 
 
 def test_reach_position_weights_count_an_offset_by_the_chance_of_reaching_it(tiny):
