@@ -56,6 +56,9 @@ def get_config() -> ConfigDict:
     c.train.length_buckets = ()  # e.g. (256, 320): pad each batch to the smallest that holds it (() = max_len)
     c.train.lr = 6e-4
     c.train.copy_bias_lr = 0.0  # the copy-bias table's peak lr (logit units; 0 = train.lr like the rest)
+    c.train.objective = "ce"  # ce: the answer's tokens; kl: the target's next-token distribution; kl_tv: KL + TV
+    c.train.tv_weight = 0.5  # kl_tv: TV's share
+    c.train.position_weights = "decay"  # decay: w_k alone; reach: w_k x the block's chance of reaching offset k
     c.train.selector_alpha = 1.0  # DFlash 2: the selector loss's weight beside the block loss
     c.train.selector_stop_grad = False  # DFlash 2: True = the selector loss trains the selector only
     c.train.warmup_frac = 0.04
