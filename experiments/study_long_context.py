@@ -1,0 +1,137 @@
+"""Does the drafter's tau fall with context length? (issue 38, "long context")
+
+Long prompts are built from the target's own answers in ``data/smollm2-mix`` (never a benchmark):
+a "document" of whole answers from held-out shards, cut to about ``L`` tokens, then a question about
+it (``QUESTIONS``) or a training prompt to answer after it, in one user turn. Each prompt is decoded
+greedily with the drafter alone (no prompt lookup, which copies from long prompts and would hide the
+drafter's own tokens), block ``--block-size``, every block token verified; every round's acceptance
+length and start position is kept. Prints tau by prompt length and by where a round starts (tokens
+of context before it).
+
+    .venv/bin/python experiments/study_long_context.py --lengths 256 1024 2048 4096 --per-length 6 \\
+        --max-new-tokens 128 --out docs/bench/long_context/pilot.jsonl
+
+Resumable: records already in ``--out`` are kept and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+QUESTIONS = (
+    "Summarize the notes above in three sentences.",
+    "List the main topics the notes above cover.",
+    "Which of the notes above is the most useful, and why?",
+    "Write one quiz question about the notes above, and answer it.",
+)
+START_BUCKETS = (0, 512, 1024, 2048, 4096, 8192)
+
+
+def documents(data: Path, shards: range, tok) -> list[str]:
+    """The answers (assistant text) of the given shards, decoded."""
+    from dflash_jax.data import Shard
+
+    out = []
+    for k in shards:
+        sh = Shard(data / f"shard_{k:05d}")
+        off = np.asarray(sh.offsets)
+        for i in range(len(off) - 1):
+            ids = np.asarray(sh.tokens[off[i] : off[i + 1]])
+            answer = ids[np.asarray(sh.loss_mask[off[i] : off[i + 1]])]
+            out.append(tok.decode(answer.tolist(), skip_special_tokens=True).strip())
+    return out
+
+
+def long_prompt(tok, docs: list[str], length: int, question: str, rs) -> list[int]:
+    """A user turn of about ``length`` tokens: numbered notes (whole answers, drawn with ``rs``), then the question."""
+    from dflash_jax.tokens import encode
+
+    notes, used = [], 0
+    for j in rs.permutation(len(docs)):
+        n = len(tok.encode(docs[j], add_special_tokens=False))
+        if used + n > length and notes:
+            break
+        notes.append(docs[j])
+        used += n
+    text = "".join(f"Note {i + 1}:\n{d}\n\n" for i, d in enumerate(notes)) + question
+    return encode(tok, text, chat=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
+    ap.add_argument("--per-length", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--drafter", default="auto", help="as generate's --drafter")
+    ap.add_argument("--data", type=Path, default=ROOT / "data" / "smollm2-mix")
+    ap.add_argument("--shards", type=int, nargs=2, default=[30, 42], help="held-out shards the notes come from")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    from dflash_jax import checkpoint, hub, speculation
+    from dflash_jax.decode import Decoder
+    from dflash_jax.tokens import stop_ids
+    from dflash_jax.utils import enable_compilation_cache, log
+
+    enable_compilation_cache()
+    ck = checkpoint.load_target(hub.SMOLLM2)
+    tok = ck.tokenizer()
+    plan = speculation.plan_for(
+        ck, args.drafter, tok, block_size=args.block_size, prompt_lookup=False, verify_lengths=None
+    )
+    dec, stops = Decoder(ck.params, ck.cfg, plan), stop_ids(tok)
+    docs = documents(args.data, range(*args.shards), tok)
+    done = {}
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["length"], r["index"])] = r
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "a") as f:
+        for length in args.lengths:
+            for i in range(args.per_length):
+                if (length, i) in done:
+                    continue
+                rs = np.random.RandomState(length * 1000 + i)
+                ids = long_prompt(tok, docs, length, QUESTIONS[i % len(QUESTIONS)], rs)
+                [r] = dec.generate([ids], args.max_new_tokens, stops)
+                starts = (len(ids) + np.concatenate([[0], np.cumsum(r.acceptance_lengths)[:-1]])).tolist()
+                rec = {"length": length, "index": i, "prompt_tokens": len(ids), "tau": r.tau}
+                rec |= {"rounds": r.acceptance_lengths, "starts": starts, "output_tokens": r.num_output_tokens}
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                done[(length, i)] = rec
+                log(f"length {length} #{i}: {len(ids)} prompt tokens, tau {r.tau:.2f}")
+    print_table(list(done.values()), args.lengths)
+
+
+def print_table(records: list[dict], lengths) -> None:
+    """Tau by prompt length (rounds pooled: committed tokens / rounds) and by round start."""
+    print("| prompt length (tokens) | prompts | mean prompt tokens | tau |")
+    print("|---|---|---|---|")
+    for length in lengths:
+        rs = [r for r in records if r["length"] == length]
+        if rs:
+            rounds = [a for r in rs for a in r["rounds"]]
+            mean = np.mean([r["prompt_tokens"] for r in rs])
+            print(f"| ~{length} | {len(rs)} | {mean:.0f} | {np.mean(rounds):.2f} |")
+    print("\n| round starts after (tokens of context) | rounds | tau |")
+    print("|---|---|---|")
+    pairs = [(s, a) for r in records for s, a in zip(r["starts"], r["rounds"])]
+    for lo, hi in zip(START_BUCKETS, START_BUCKETS[1:]):
+        sel = [a for s, a in pairs if lo <= s < hi]
+        if sel:
+            print(f"| {lo}-{hi} | {len(sel)} | {np.mean(sel):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
