@@ -28,7 +28,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.steps import Draft, point_mass
+from dflash_jax.steps import Draft, OnDrafter, point_mass
 
 Array = jax.Array
 
@@ -157,7 +157,7 @@ class NgramStep:
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridStep:
+class HybridStep(OnDrafter):
     """Prompt lookup where it has a real match, the DFlash drafter elsewhere: per row and round.
 
     A row whose last ``min_match`` (or more) committed tokens occurred earlier takes the n-gram
@@ -188,28 +188,9 @@ class HybridStep:
             )
 
     @property
-    def cfg(self):
-        """The drafter's ``DrafterConfig``."""
-        return self.dflash.cfg
-
-    @property
-    def tap_layers(self):
-        return self.dflash.tap_layers
-
-    @property
-    def max_block_size(self) -> int:
-        return self.dflash.max_block_size
-
-    @property
     def default_block_size(self) -> int:
         """The block size a plan takes when none is asked for."""
         return self.default_block or self.dflash.max_block_size
-
-    def init_cache(self, batch: int, cache_len: int):
-        return self.dflash.init_cache(batch, cache_len)
-
-    def write_context(self, params, cache, feats, start):
-        return self.dflash.write_context(params, cache, feats, start)
 
     def _lookup(self, tokens: Array, start: Array, block_valid: Array, k: int):
         """``(draft [B, k], use [B], num_draft [B], confidence [B, k], idle)``: the n-gram continuation,

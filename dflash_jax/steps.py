@@ -62,6 +62,30 @@ class Draft(NamedTuple):
     tree: Any = None
 
 
+class OnDrafter:
+    """A mixin for a draft step built around a DFlash drafter's step (its field ``dflash``, a
+    ``drafter.DraftStep``): its config, taps, largest block and context cache are the drafter's."""
+
+    @property
+    def cfg(self):
+        """The drafter's ``DrafterConfig``."""
+        return self.dflash.cfg
+
+    @property
+    def tap_layers(self):
+        return self.dflash.tap_layers
+
+    @property
+    def max_block_size(self) -> int:
+        return self.dflash.max_block_size
+
+    def init_cache(self, batch: int, cache_len: int):
+        return self.dflash.init_cache(batch, cache_len)
+
+    def write_context(self, params, cache, feats, start):
+        return self.dflash.write_context(params, cache, feats, start)
+
+
 def all_real(tokens: Array) -> Array:
     """int32 ``[B]``: every one of the ``K`` tokens of ``tokens [B, K]`` is real."""
     return jnp.full(tokens.shape[:1], tokens.shape[1], jnp.int32)

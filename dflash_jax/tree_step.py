@@ -16,14 +16,14 @@ import jax
 import jax.numpy as jnp
 
 from dflash_jax.ngram import NgramStep, ngram_match
-from dflash_jax.steps import Draft
+from dflash_jax.steps import Draft, OnDrafter
 from dflash_jax.tree import Tree, add_branch, sort_tree
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class TreeStep:
+class TreeStep(OnDrafter):
     """A draft step (``steps``) that drafts a tree of ``budget`` nodes per row and round.
 
     Fields:
@@ -71,26 +71,8 @@ class TreeStep:
         return self.budget
 
     @property
-    def cfg(self):
-        return self.dflash.cfg
-
-    @property
-    def tap_layers(self):
-        return self.dflash.tap_layers
-
-    @property
-    def max_block_size(self) -> int:
-        return self.dflash.max_block_size
-
-    @property
     def default_block_size(self) -> int:
         return self.dflash.max_block_size
-
-    def init_cache(self, batch: int, cache_len: int):
-        return self.dflash.init_cache(batch, cache_len)
-
-    def write_context(self, params, cache, feats, start):
-        return self.dflash.write_context(params, cache, feats, start)
 
     def propose(self, params, target_params, cache, anchor, start, block_valid, block_len, *, tokens, key, sampling):
         """The round's ``Draft`` with its ``tree``: the drafter's best-first tree of ``budget`` nodes
