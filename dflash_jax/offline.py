@@ -66,7 +66,8 @@ def read_answers(path: Path, key: str) -> dict[int, dict]:
 def check_settings(out: Path, settings: dict, record: bool = True) -> str:
     """Check ``settings`` against the ones recorded beside ``out`` (``<out>.settings.json``), or
     record them there (with ``record``; as JSON: compared as JSON reads them back); returns their
-    hash, which every answer record carries.
+    hash, which every answer record carries. With neither ``out`` nor a part of it left (deleted to
+    start over), the recorded settings are replaced.
 
     Raises:
       DataError: ``out`` was started with other settings (the differences named, old -> new).
@@ -74,6 +75,11 @@ def check_settings(out: Path, settings: dict, record: bool = True) -> str:
     settings = json.loads(json.dumps(settings, default=str))
     key = json_sha256(settings)
     path = out.with_name(out.name + SETTINGS_SUFFIX)
+    started = out.exists() or any(out.parent.glob(f"{out.name}.part-*"))
+    if path.exists() and not started:  # the answers were deleted: a new job (its settings recorded anew)
+        if record:
+            atomic_write_text(path, json.dumps(settings, indent=2))
+        return key
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -155,7 +161,9 @@ def write_answers(
     mine = list(range(index, len(prompt_ids), count))
     path = part_path(out, index, count)
     todo = [i for i in mine if i not in done]
-    if todo:
+    if not todo:
+        log(f"all {len(mine)} answers are already in {path}: nothing to decode")
+    else:
         log(f"{len(mine) - len(todo)} of {len(mine)} answers already in {path}; decoding {len(todo)}")
         _decode_into(decoder, prompt_ids, todo, path, key, record, max_new_tokens, stop_ids, seed, batch_size, progress)
 
@@ -181,7 +189,7 @@ def write_answers(
 def _decode_into(decoder, prompt_ids, todo, path, key, record, max_new_tokens, stop_ids, seed, batch_size, progress):
     """Decode prompts ``todo`` with rows refilled as they finish, appending each record to ``path``."""
     bar = tqdm(total=len(todo), desc="generate", unit="prompt", disable=not progress)
-    t0, produced = time.perf_counter(), 0
+    t0, produced, compiling = time.perf_counter(), 0, 0.0
     stream = decoder.as_completed(
         [prompt_ids[i] for i in todo],
         max_new_tokens,
@@ -194,7 +202,8 @@ def _decode_into(decoder, prompt_ids, todo, path, key, record, max_new_tokens, s
             rec = {"index": todo[j], **record(todo[j], result), "settings_sha256": key}
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            produced += result.num_output_tokens
+            produced, compiling = produced + result.num_output_tokens, compiling + result.compile_s
             bar.update(1)
-            bar.set_postfix_str(f"{produced / (time.perf_counter() - t0):.1f} tok/s", refresh=False)
+            decoding = max(time.perf_counter() - t0 - compiling, 1e-9)  # compilation apart
+            bar.set_postfix_str(f"{produced / decoding:.1f} tok/s", refresh=False)
     bar.close()

@@ -103,7 +103,12 @@ def read_prompts(path: str | Path, fmt: str = "auto", limit: int | None = None) 
         else:
             text = row.get(_plain_field(row))
         if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where}: no prompt text for format {fmt!r}")
+            need = {
+                "gsm8k": "a 'question' field",
+                "alpaca": "an 'instruction' field",
+                "mbpp": "a 'prompt' field",
+            }.get(fmt, "a 'prompt' (or 'question', 'problem', 'instruction') field")
+            raise DataError(f"{where}: no prompt text: each row needs {need} with text (format {fmt!r})")
         out.append(Prompt(text, where))
         if limit and len(out) >= limit:
             break

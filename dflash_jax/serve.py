@@ -29,6 +29,10 @@ class BadRequest(ValueError):
     """A request the server refuses (HTTP 400, OpenAI's ``invalid_request_error``)."""
 
 
+class UnknownModel(BadRequest):
+    """A request for a model this server does not serve (HTTP 404, as vLLM answers)."""
+
+
 def parse_request(body: dict, default_max_tokens: int) -> dict:
     """The fields of a chat completion request this server reads, checked.
 
@@ -84,6 +88,8 @@ class Server:
     def submit(self, body: dict) -> Future:
         """Queue a chat completion request (``parse_request`` checks it); its future resolves to the
         response object."""
+        if body.get("model") not in (None, self.name):
+            raise UnknownModel(f"the model {body['model']!r} does not exist here; this server has {self.name!r}")
         req = parse_request(body, self.max_tokens)
         req["ids"] = chat_ids(self.tok, req["messages"])
         if len(req["ids"]) + req["max_tokens"] > self.ck.cfg.max_position_embeddings:
@@ -183,6 +189,8 @@ def _handler(server: Server):
                 fut = server.submit(body)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 return self._error(400, "the request body is not JSON", "invalid_request_error")
+            except UnknownModel as e:
+                return self._error(404, str(e), "not_found_error")
             except BadRequest as e:
                 return self._error(400, str(e), "invalid_request_error")
             try:

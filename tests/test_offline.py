@@ -124,6 +124,8 @@ def test_answers_file_resumes_drops_a_cut_line_and_refuses_other_settings(tiny_m
     decoded.clear()
     offline.write_answers(dec, prompts, tmp_path / "t.jsonl", **tupled)
     assert decoded == []
+    out.unlink()  # deleted to start over: its recorded settings give way to the new ones
+    offline.write_answers(dec, prompts, out, **{**kw, "settings": {"max_new_tokens": 11}})
     (tmp_path / "b.jsonl").write_text(lines[0].replace(json.loads(lines[0])["settings_sha256"], "0" * 64) + "\n")
     (tmp_path / "b.jsonl.settings.json").write_text(json.dumps({"max_new_tokens": 10}))
     with pytest.raises(DataError, match="other settings"):

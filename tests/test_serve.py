@@ -103,6 +103,10 @@ def test_prepare_data_through_a_served_smollm2(smol, tmp_path):
         assert r["choices"][0]["finish_reason"] == ("stop" if want[0][1] else "length")
         bad = requests.post(f"{url}/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
         assert bad.status_code == 400 and "role" in bad.json()["error"]["message"]
+        other = requests.post(
+            f"{url}/chat/completions", json={"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}
+        )
+        assert other.status_code == 404 and "gpt-4" in other.json()["error"]["message"]
 
         prompts = tmp_path / "p.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": q}) + "\n" for q in questions))
