@@ -667,7 +667,7 @@ def cmd_generate(args) -> None:
             results = dec.generate(ids, args.max_new_tokens, stops, seed=[args.seed + i + j for j in range(len(ids))])
         except ValueError as e:
             sys.exit(f"error: {e}")
-        for text, r in zip(chunk, results):
+        for j, (text, r) in enumerate(zip(chunk, results)):
             out = tok.decode(r.token_ids, skip_special_tokens=True)
             record = {
                 "prompt": text,
@@ -684,6 +684,8 @@ def cmd_generate(args) -> None:
             }
             if args.json:
                 print(json.dumps(record), flush=True)
+            elif len(texts) > 1:  # several answers: each under its prompt's place, so they can be told apart
+                print(f"=== {items[i + j].where}\n{out}\n", flush=True)
             else:
                 print(out, flush=True)
             log(
