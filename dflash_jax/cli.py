@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompts-file", metavar="JSONL", help="one JSON object per line with a 'prompt' field")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
-    g.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (the stop token counts)")
+    g.add_argument("--max-new-tokens", type=int, default=256, help="new tokens a prompt (default 256)")
     g.add_argument(
         "--batch-size",
         type=int,
@@ -306,9 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--out", metavar="DIR", required=True, help="dataset folder (shards + meta.json)")
     m.add_argument("--limit", type=int, default=None, help="first N prompts of each file")
-    m.add_argument("--max-new-tokens", type=int, default=384, help="answer cap")
-    m.add_argument("--batch-size", type=int, default=16, help="prompts the target answers together")
-    m.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
+    m.add_argument("--max-new-tokens", type=int, default=384, help="answer cap (default 384)")
+    m.add_argument("--batch-size", type=int, default=16, help="prompts the target answers together (default 16)")
+    m.add_argument("--shard-size", type=int, default=256, help="prompts per shard, what resumes (default 256)")
     m.add_argument("--seed", type=int, default=0, help="prompt order")
     m.add_argument(
         "--server",
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its API root such as http://localhost:8000/v1: every assistant turn regenerated, greedy",
     )
     m.add_argument("--server-model", metavar="NAME", help="the model name to ask --server for (default: its first)")
-    m.add_argument("--concurrency", type=int, default=8, help="requests in flight to --server")
+    m.add_argument("--concurrency", type=int, default=8, help="requests in flight to --server (default 8)")
     m.add_argument(
         "--follow-ups",
         action="store_true",
@@ -336,10 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--drafter", default="auto", help="as for generate: auto, a folder, ngram, random or none")
     sv.add_argument("--block-size", type=int, default=None, help="speculative block size (as for generate)")
     _add_speculation(sv)
-    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
-    sv.add_argument("--batch-size", type=int, default=8, help="most requests decoded together")
-    sv.add_argument("--max-tokens", type=int, default=256, help="answer cap of a request that gives none")
+    sv.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1; 0.0.0.0: all)")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    sv.add_argument("--batch-size", type=int, default=8, help="most requests decoded together (default 8)")
+    sv.add_argument("--max-tokens", type=int, default=256, help="answer cap of a request that gives none (default 256)")
     sv.add_argument("--name", default=None, help="the model id clients see (default: the target's folder name)")
 
     f = sub.add_parser(
