@@ -96,9 +96,11 @@ def _check_finished_shards(out: Path, names: Sequence[str], settings: dict, inde
 class ShardFolder:
     """A ``prepare-data`` folder being made, shard by shard (resumable).
 
-    On opening, what is there is checked against ``settings`` (the index and every finished
-    shard: ``_check_finished_shards``) before anything is written; ``todo`` lists the shards still
-    missing; ``write`` adds one atomically and rewrites the index (``meta.json``: the shards, their
+    The ``num_items`` items are shuffled with ``settings["seed"]`` and cut into shards of
+    ``settings["shard_size"]`` (``shard(k)``: the items of shard ``k``). On opening, what is there is
+    checked against ``settings`` (the index and every finished shard: ``_check_finished_shards``)
+    before anything is written; ``todo`` lists the shards still missing; ``write`` (or
+    ``write_masked``) adds one atomically and rewrites the index (``meta.json``: the shards, their
     summed stats, the settings, the sources).
 
     Raises (on opening):
@@ -127,6 +129,7 @@ class ShardFolder:
                 raise DataError(f"{self.out} holds data prepared with other settings ({diff}); {_SAME_SETTINGS}")
             indexed = old.get("shards") or []
         self.key = json_sha256(self.settings)
+        self.order = np.random.RandomState(settings["seed"]).permutation(num_items)
         self.names = [f"shard_{k:05d}" for k in range(-(-num_items // settings["shard_size"]))]
         _check_finished_shards(self.out, self.names, self.settings, indexed)  # before anything is written
         self.out.mkdir(parents=True, exist_ok=True)
@@ -137,6 +140,31 @@ class ShardFolder:
     def todo(self) -> list[int]:
         """The numbers of the shards still to make."""
         return [k for k, name in enumerate(self.names) if name not in self.done]
+
+    def shard(self, k: int) -> list[int]:
+        """The items (indices into the inputs) of shard ``k``."""
+        size = self.settings["shard_size"]
+        return [int(i) for i in self.order[k * size : (k + 1) * size]]
+
+    @property
+    def made(self) -> int:
+        """How many items the finished shards hold (a progress bar's start)."""
+        return len(self.order) - sum(len(self.shard(k)) for k in self.todo)
+
+    def write_masked(self, k: int, rows, wheres: Sequence[str], hit_cap: int = 0) -> None:
+        """Write shard ``k`` of templated conversations: ``rows`` ``(ids, loss_mask)`` with their
+        sources ``wheres``; a row with fewer than 2 trained tokens holds no anchor and is dropped
+        (counted); ``hit_cap``: its answers cut at a length cap."""
+        keep = [j for j, (_, m) in enumerate(rows) if sum(m) >= 2]
+        answers = [[t for t, m in zip(*rows[j]) if m] for j in keep]
+        stats = {
+            "sequences": len(keep),
+            "tokens": int(sum(len(rows[j][0]) for j in keep)),
+            "hit_cap": hit_cap,
+            "looping": sum(loops(a) for a in answers),
+            "dropped": len(rows) - len(keep),
+        }
+        self.write(k, [rows[j][0] for j in keep], [rows[j][1] for j in keep], [wheres[j] for j in keep], stats)
 
     def write(self, k: int, seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]], wheres, stats: dict):
         """Write shard ``k`` (its sequences, loss masks, their sources and ``stats``), then the index."""
@@ -219,7 +247,6 @@ def prepare(
                 f"the target's context of {ck.cfg.max_position_embeddings}; shorten or drop it"
             )
         ids.append(x)
-    order = np.random.RandomState(seed).permutation(len(prompts))
     settings = {
         "max_new_tokens": max_new_tokens,
         "shard_size": shard_size,
@@ -234,9 +261,7 @@ def prepare(
     folder = ShardFolder(ck, out, settings, len(prompts), [p.where.rsplit(":", 1)[0] for p in prompts], legacy)
     decoder = Decoder(ck.params, ck.cfg)
     stops = tokens.stop_ids(tokenizer)
-
-    def shard(k: int) -> np.ndarray:
-        return order[k * shard_size : (k + 1) * shard_size]
+    shard = folder.shard
 
     def write_shard(k: int, answers: dict) -> None:
         idx = shard(k)
@@ -259,12 +284,9 @@ def prepare(
         folder.write(k, seqs, masks, [prompts[i].where for i in keep], stats)
 
     todo = folder.todo
-    made = sum(len(shard(k)) for k in todo)
-    bar = tqdm(
-        total=len(prompts), initial=len(prompts) - made, desc="prepare-data", unit="prompt", disable=not progress
-    )
+    bar = tqdm(total=len(prompts), initial=folder.made, desc="prepare-data", unit="prompt", disable=not progress)
     for w in range(0, len(todo), window):  # a window of shards shares one refilled decode; each is written when whole
-        requests = [(k, int(i)) for k in todo[w : w + window] for i in shard(k)]
+        requests = [(k, i) for k in todo[w : w + window] for i in shard(k)]
         answers: dict[int, dict] = {k: {} for k in todo[w : w + window]}
         stream = decoder.as_completed([ids[i] for _, i in requests], max_new_tokens, stops, batch_size=batch_size)
         for j, result in stream:
@@ -321,7 +343,6 @@ def prepare_follow_ups(
     Raises:
       DataError: as ``prepare``.
     """
-    order = np.random.RandomState(seed).permutation(len(prompts))
     follow = np.random.RandomState(seed + 1).randint(len(FOLLOW_UPS), size=len(prompts))
     settings = {
         "max_new_tokens": max_new_tokens,
@@ -351,10 +372,10 @@ def prepare_follow_ups(
         return out
 
     todo = folder.todo
-    bar = tqdm(total=len(prompts), desc="prepare-data (2 turns)", unit="prompt", disable=not progress)
-    bar.update(len(prompts) - sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in todo))
+    shown = dict(desc="prepare-data (2 turns)", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(prompts), initial=folder.made, **shown)
     for w in range(0, len(todo), window):
-        idx = [int(i) for k in todo[w : w + window] for i in order[k * shard_size : (k + 1) * shard_size]]
+        idx = [i for k in todo[w : w + window] for i in folder.shard(k)]
         turns = [[{"role": "user", "content": prompts[i].text}] for i in idx]
         for c, (text, cut) in zip(turns, answer(turns)):
             c += [{"role": "assistant", "content": text, "cut": cut}]
@@ -369,18 +390,9 @@ def prepare_follow_ups(
             cut = [j for j, m in enumerate(c) if m.get("cut")]
             rows[i] = (conv_tokenize(tokenizer, Conversation(messages, prompts[i].where), stops, cut), len(cut))
         for k in todo[w : w + window]:
-            shard = [int(i) for i in order[k * shard_size : (k + 1) * shard_size]]
-            keep = [i for i in shard if sum(rows[i][0][1]) >= 2]
-            answers = [[t for t, m in zip(*rows[i][0]) if m] for i in keep]
-            stats = {
-                "sequences": len(keep),
-                "tokens": int(sum(len(rows[i][0][0]) for i in keep)),
-                "hit_cap": sum(rows[i][1] for i in shard),
-                "looping": sum(loops(a) for a in answers),
-                "dropped": len(shard) - len(keep),
-            }
-            wheres = [prompts[i].where for i in keep]
-            folder.write(k, [rows[i][0][0] for i in keep], [rows[i][0][1] for i in keep], wheres, stats)
+            shard = folder.shard(k)
+            hit_cap = sum(rows[i][1] for i in shard)
+            folder.write_masked(k, [rows[i][0] for i in shard], [prompts[i].where for i in shard], hit_cap)
     bar.close()
     return folder.meta()
 
@@ -396,7 +408,6 @@ def prepare_conversations(
     Raises:
       DataError: as ``prepare``; or a conversation the chat template cannot mask (named).
     """
-    order = np.random.RandomState(seed).permutation(len(convs))
     settings = {
         "shard_size": shard_size,
         "seed": seed,
@@ -408,20 +419,9 @@ def prepare_conversations(
     }
     folder = ShardFolder(ck, out, settings, len(convs), [c.where.rsplit(":", 1)[0] for c in convs])
     stops = tokens.stop_ids(tokenizer)
-    for k in folder.todo:
-        idx = order[k * shard_size : (k + 1) * shard_size]
-        rows = [conv_tokenize(tokenizer, convs[i], stops) for i in idx]
-        keep = [j for j, (_, m) in enumerate(rows) if sum(m) >= 2]
-        answers = [[t for t, m in zip(*rows[j]) if m] for j in keep]
-        stats = {
-            "sequences": len(keep),
-            "tokens": int(sum(len(rows[j][0]) for j in keep)),
-            "hit_cap": 0,  # made elsewhere: no cap known
-            "looping": sum(loops(a) for a in answers),
-            "dropped": len(idx) - len(keep),
-        }
-        wheres = [convs[idx[j]].where for j in keep]
-        folder.write(k, [rows[j][0] for j in keep], [rows[j][1] for j in keep], wheres, stats)
+    for k in folder.todo:  # made elsewhere: no cap known (hit_cap 0)
+        idx = folder.shard(k)
+        folder.write_masked(k, [conv_tokenize(tokenizer, convs[i], stops) for i in idx], [convs[i].where for i in idx])
     return folder.meta()
 
 
@@ -450,7 +450,6 @@ def prepare_with_server(
     Raises:
       DataError: as ``prepare_conversations``; or a request that failed after its retries.
     """
-    order = np.random.RandomState(seed).permutation(len(convs))
     settings = {
         "max_new_tokens": max_new_tokens,
         "shard_size": shard_size,
@@ -479,26 +478,16 @@ def prepare_with_server(
             messages.append(m)
         return conv_tokenize(tokenizer, Conversation(tuple(messages), conv.where), stops, cut), len(cut)
 
-    bar = tqdm(total=len(convs), desc="prepare-data", unit="conversation", disable=not progress)
-    bar.update(len(convs) - sum(len(order[k * shard_size : (k + 1) * shard_size]) for k in folder.todo))
+    bar = tqdm(total=len(convs), initial=folder.made, desc="prepare-data", unit="conversation", disable=not progress)
     with ThreadPoolExecutor(concurrency) as pool:
         for k in folder.todo:
-            idx = order[k * shard_size : (k + 1) * shard_size]
+            idx = folder.shard(k)
             rows = []
             for row in pool.map(regenerate_one, [convs[i] for i in idx]):
                 rows.append(row)
                 bar.update(1)
-            keep = [j for j, ((_, m), _) in enumerate(rows) if sum(m) >= 2]
-            answers = [[t for t, m in zip(*rows[j][0]) if m] for j in keep]
-            stats = {
-                "sequences": len(keep),
-                "tokens": int(sum(len(rows[j][0][0]) for j in keep)),
-                "hit_cap": sum(cut for _, cut in rows),
-                "looping": sum(loops(a) for a in answers),
-                "dropped": len(idx) - len(keep),
-            }
-            wheres = [convs[idx[j]].where for j in keep]
-            folder.write(k, [rows[j][0][0] for j in keep], [rows[j][0][1] for j in keep], wheres, stats)
+            hit_cap = sum(cut for _, cut in rows)
+            folder.write_masked(k, [r for r, _ in rows], [convs[i].where for i in idx], hit_cap)
     bar.close()
     return folder.meta()
 
