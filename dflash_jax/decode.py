@@ -34,6 +34,7 @@ own ``start``, stops on its own, and records its own per-round acceptance length
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -752,16 +753,23 @@ class Decoder:
         if shared is not None and shared in _EXECUTABLES:
             self._compiled[key] = _EXECUTABLES[shared]
             return (*self._compiled[key], 0.0)
-        if self.mesh is not None:
-            with axis_rules(), jax.set_mesh(self.mesh):
-                out = self._compile(shape, num_stop, key)
-        else:
+        with self._on_mesh():
             out = self._compile(shape, num_stop, key)
         if shared is not None:
             _EXECUTABLES[shared] = self._compiled[key]
             while len(_EXECUTABLES) > MAX_SHARED_EXECUTABLES:
                 _EXECUTABLES.pop(next(iter(_EXECUTABLES)))  # the oldest first
         return out
+
+    def _on_mesh(self):
+        """The context code for this decoder is traced in: the logical-axis table and the mesh (none
+        without a mesh)."""
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(axis_rules())
+        stack.enter_context(jax.set_mesh(self.mesh))
+        return stack
 
     def _shared_key(self, shape: LoopShape, num_stop: int):
         """What the compiled prefill and loop depend on, as a hashable key: every ``Decoder`` of equal
@@ -1033,10 +1041,7 @@ class Decoder:
         i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
         args = (self.params, self.drafter_params, state, i32(rows), i32(rows, length))
         args += (i32(rows), i32(rows), i32(num_stop), i32(rows))
-        if self.mesh is not None:
-            with axis_rules(), jax.set_mesh(self.mesh):
-                self._compiled[key] = fn.lower(*args).compile()
-        else:
+        with self._on_mesh():
             self._compiled[key] = fn.lower(*args).compile()
         return self._compiled[key], time.perf_counter() - t0
 
