@@ -284,10 +284,16 @@ def convert_hf(
     return out
 
 
-# GGUF architectures whose files transformers' reader does not turn into a whole model: for gpt-oss
-# (transformers 5.24) it finds neither the experts (llama.cpp's ffn_{gate,up,down}_exps) nor the
-# attention sinks, nor the 64-dim heads (measured on a tiny float32 gpt-oss GGUF in llama.cpp's layout)
-GGUF_UNREADABLE = {"gpt-oss": "convert the Hugging Face release instead (a bfloat16 copy of its MXFP4 weights)"}
+# GGUF architectures whose files transformers' reader does not turn into the whole model, {arch: (what
+# it misses, what to do)}: for gpt-oss (transformers 5.24) it finds neither the experts (llama.cpp's
+# ffn_{gate,up,down}_exps) nor the attention sinks, nor the 64-dim heads (measured on a tiny float32
+# gpt-oss GGUF in llama.cpp's layout); its gemma3 config mapping (``integrations/ggml.py``) reads one
+# RoPE base and no RoPE scaling, while Gemma 3 has a local and a global base and its 4B-27B releases
+# scale the global RoPE 8x
+GGUF_UNREADABLE = {
+    "gpt-oss": ("experts, attention sinks", "a bfloat16 copy of its MXFP4 weights"),
+    "gemma3": ("the sliding layers' RoPE base, RoPE scaling", "its safetensors"),
+}
 
 
 def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
@@ -333,8 +339,8 @@ def gguf_to_hf(gguf_file: str | Path, out: str | Path, *, overwrite: bool = Fals
         )
     if arch in GGUF_UNREADABLE:
         raise CheckpointError(
-            f"{gguf_file} is a {arch} GGUF, which transformers' GGUF reader does not read whole (experts, "
-            f"attention sinks); {GGUF_UNREADABLE[arch]}"
+            f"{gguf_file} is a {arch} GGUF, which transformers' GGUF reader does not read whole "
+            f"({GGUF_UNREADABLE[arch][0]}); convert the Hugging Face release instead ({GGUF_UNREADABLE[arch][1]})"
         )
     folder, name = str(gguf_file.parent), gguf_file.name
     try:  # no remote code: a GGUF carries no Python, and a folder's own files are never run

@@ -451,7 +451,7 @@ def drafter_logical_specs(cfg: DrafterConfig):
 
 def draft_logits(hidden: Array, target_params, target_cfg: TargetConfig, cfg: DrafterConfig) -> Array:
     """Target LM head on drafter outputs, then ``output_multiplier`` and the optional tanh soft-cap (float32)."""
-    return _scale_logits(Target(target_cfg).apply({"params": target_params}, hidden, method="logits"), cfg)
+    return _scale_logits(Target(target_cfg).apply({"params": target_params}, hidden, method="head"), cfg)
 
 
 def _scale_logits(logits: Array, cfg: DrafterConfig) -> Array:
@@ -573,7 +573,7 @@ def draft_scores(
     if vocab is None:
         logits = draft_logits(hidden, target_params, target_cfg, cfg)
         return DraftScores(copy_prior(logits, params, cfg, block, num, matched))
-    dt = target_cfg.compute_dtype  # as ``Target.logits`` runs the head over the whole vocabulary
+    dt = target_cfg.compute_dtype  # as ``Target.head`` runs over the whole vocabulary
     head = jnp.asarray(vocab["head"]).astype(dt)
     sub = _scale_logits(jnp.matmul(hidden.astype(dt), head, preferred_element_type=jnp.float32), cfg)
     if cfg.copy_bias is None:

@@ -20,6 +20,8 @@ from dflash_jax.errors import ConfigError
 from dflash_jax.target import LinearAttentionConfig, MoEConfig, TargetConfig
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet layers among gated full attention
+# multimodal configs (a text_config inside) whose language model is the target; tied head by default?
+MULTIMODAL = {"qwen3_5": False, "qwen3_5_moe": False, "gemma3": True}
 
 
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
@@ -66,7 +68,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
 
 def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
     family = hf.get("model_type")
-    if family in HYBRID_FAMILIES:  # the multimodal config: its language model is the target
+    if family in MULTIMODAL:  # the multimodal config: its language model is the target
         hf, family = _language_model(hf, family), f"{family}_text"
     if family not in READERS:
         raise ConfigError(
@@ -80,7 +82,7 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
             "read; save a bfloat16 copy with transformers (for mxfp4: from_pretrained(..., "
             "quantization_config=Mxfp4Config(dequantize=True)) then save_pretrained) and convert that"
         )
-    if hf.get("hidden_act", "silu") != "silu":
+    if family != "gemma3_text" and hf.get("hidden_act", "silu") != "silu":  # Gemma's reader checks its own
         raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     if hf.get("mlp_bias", False):
         raise ConfigError("mlp_bias=true is not supported")
@@ -89,14 +91,17 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
 
 
 def _language_model(hf: dict[str, Any], family: str) -> dict[str, Any]:
-    """Qwen3.5's multimodal ``config.json``: its ``text_config``, as a ``{family}_text`` config.
-    transformers ties the head by the top-level flag; a top-level quantisation applies to the whole."""
+    """A multimodal ``config.json`` (Qwen3.5, Gemma 3): its ``text_config``, as a ``{family}_text``
+    config. transformers ties the head by the top-level flag (its default: ``MULTIMODAL``); a top-level
+    quantisation applies to the whole."""
     text = hf.get("text_config")
     if not isinstance(text, dict):
         raise ConfigError(f"{family} config.json has no text_config object")
+    if family == "gemma3":  # Gemma3ForConditionalGeneration's head has no soft-cap, whatever text_config says
+        text = {**text, "final_logit_softcapping": None}
     return {
         **text,
-        "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", MULTIMODAL[family]),
         "model_type": f"{family}_text",
         "quantization_config": hf.get("quantization_config") or text.get("quantization_config"),
     }
@@ -221,6 +226,55 @@ def _qwen3_5(hf: dict[str, Any], family: str) -> dict[str, Any]:
     return {**rope, **_shape(hf, num_layers, heads, kv_heads=2, max_positions=32768), **fields}
 
 
+def _gemma3(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Gemma 3 (its text config, ``Gemma3TextConfig``): sliding-window layers (every sixth layer
+    global by default) with their own plain RoPE (``rope_local_base_freq``, 10000) and global layers
+    with theirs (``rope_theta`` 1e6, optionally linearly scaled); GeGLU; q/k norms; zero-centred
+    RMSNorms, one more around each sublayer's output; embeddings times sqrt(hidden_size); attention
+    scaled by ``query_pre_attn_scalar ** -0.5``; a tied head. ``attn_logit_softcapping`` is read by
+    transformers' config but not used by its Gemma 3 attention, so not here either."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ConfigError(f"hidden_activation {act!r} is not supported for gemma3 (only 'gelu_pytorch_tanh')")
+    if hf.get("use_bidirectional_attention"):
+        raise ConfigError("use_bidirectional_attention=true is an encoder's setting; a decoding target is causal")
+
+    def every(n: int) -> tuple[str, ...]:
+        k = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6)
+        return tuple("sliding_attention" if (i + 1) % k else "full_attention" for i in range(n))
+
+    num_layers, layer_types = _layers(hf, family, "sliding_attention", every)
+    params = hf.get("rope_parameters") or {}
+    nested = "full_attention" in params or "sliding_attention" in params  # transformers 5: one set per layer type
+    full = dict(params.get("full_attention") or {}) if nested else {}
+    local = dict(params.get("sliding_attention") or {}) if nested else {}
+    if not nested:  # transformers 4.x: rope_theta (+ rope_scaling) global, rope_local_base_freq local
+        full = {"rope_theta": hf.get("rope_theta", 1_000_000.0), **(hf.get("rope_scaling") or {})}
+        local = {"rope_theta": hf.get("rope_local_base_freq", 10_000.0)}
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        kind = local.get("rope_type", local.get("type"))
+        raise ConfigError(f"gemma3 sliding layers' rope type {kind!r} is not supported (only 'default')")
+    rope = _rope({"rope_parameters": full}, theta=1_000_000.0)
+    heads = _heads(hf, head_dim=256)
+    sliding = "sliding_attention" in layer_types
+    shape = _shape(hf, num_layers, heads, kv_heads=4, max_positions=131072, tie=True)
+    return {
+        **rope,
+        **shape,
+        "intermediate_size": int(hf.get("intermediate_size", 9216)),
+        "layer_types": layer_types,
+        "sliding_window": int(hf.get("sliding_window") or 4096) if sliding else 0,
+        "local_rope_theta": float(local.get("rope_theta", 10_000.0)) if sliding else 0.0,
+        "qk_norm": True,
+        "norm_zero_centered": True,
+        "mlp_activation": "gelu_tanh",
+        "sandwich_norms": True,
+        "embed_scale": True,
+        "attn_scale": float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
+        "final_logit_softcap": float(hf.get("final_logit_softcapping") or 0.0),
+    }
+
+
 def _no_sliding_window(reader: Callable[[dict, str], dict]) -> Callable[[dict, str], dict]:
     """The Qwen families: ``use_sliding_window=true`` is refused (their sliding window is not implemented)."""
 
@@ -247,6 +301,8 @@ READERS: dict[str, Callable[[dict, str], dict]] = {
     "qwen3_5_text": _no_sliding_window(_qwen3_5),
     "qwen3_5_moe": _no_sliding_window(_qwen3_5),
     "qwen3_5_moe_text": _no_sliding_window(_qwen3_5),
+    "gemma3": _gemma3,
+    "gemma3_text": _gemma3,
 }
 SUPPORTED_FAMILIES = tuple(READERS)
 
@@ -280,7 +336,8 @@ def _rope(
     family, from transformers 5's ``rope_parameters`` or 4.x's top-level ``rope_theta`` and
     ``rope_scaling`` (which wins where both are given). ``theta``: the family's default base;
     ``default``: its RoPE parameters where config.json gives none; ``partial``: its default
-    ``partial_rotary_factor``, None where only 1 is supported. Types: ``default``, ``llama3``, ``yarn``."""
+    ``partial_rotary_factor``, None where only 1 is supported. Types: ``default``, ``linear``, ``llama3``,
+    ``yarn``."""
     rope = dict(hf.get("rope_parameters") or {})
     legacy = hf.get("rope_scaling")
     if legacy:
@@ -289,7 +346,7 @@ def _rope(
         rope = dict(default)
     theta = float(rope.get("rope_theta", hf.get("rope_theta", theta)))
     if legacy and "rope_type" not in legacy and "type" not in legacy:
-        raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'llama3', 'yarn'")
+        raise ConfigError(f"rope_scaling {legacy} has no rope_type; supported: 'default', 'linear', 'llama3', 'yarn'")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     factor = float(
         rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0 if partial is None else partial))
@@ -303,6 +360,10 @@ def _rope(
         if missing:
             raise ConfigError(f"llama3 rope scaling is missing {missing}")
         scaling = tuple(sorted((k, float(rope[k])) for k in keys))
+    elif rope_type == "linear":
+        if "factor" not in rope:
+            raise ConfigError("linear rope scaling needs 'factor'")
+        scaling = (("factor", float(rope["factor"])),)
     elif rope_type == "yarn":
         if "factor" not in rope or "original_max_position_embeddings" not in rope:
             raise ConfigError("yarn rope scaling needs 'factor' and 'original_max_position_embeddings'")
@@ -312,7 +373,7 @@ def _rope(
             rope["truncate"] = bool(rope["truncate"])
         yarn = tuple(sorted((k, float(rope[k])) for k in keys if rope.get(k) is not None))
     elif rope_type != "default":
-        raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'llama3', 'yarn'")
+        raise ConfigError(f"rope type {rope_type!r} is not supported; supported: 'default', 'linear', 'llama3', 'yarn'")
     return dict(rope_theta=theta, rope_scaling=scaling, yarn=yarn, partial_rotary_factor=factor)
 
 
@@ -331,9 +392,10 @@ def _shape(
     eps: float = 1e-6,
     max_positions: int = 4096,
     bias: bool = False,
+    tie: bool = False,
 ) -> dict[str, Any]:
     """The fields every family reads alike. ``heads``: from ``_heads``; the others are the family's
-    defaults (``kv_heads``: the number of heads when None)."""
+    defaults (``kv_heads``: the number of heads when None; ``tie``: ``tie_word_embeddings``)."""
     heads, head_dim = heads
     bias = bool(hf.get("attention_bias", bias))
     return dict(
@@ -344,7 +406,7 @@ def _shape(
         num_kv_heads=int(hf.get("num_key_value_heads") or kv_heads or heads),
         head_dim=head_dim,
         rms_norm_eps=float(hf.get("rms_norm_eps", eps)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", tie)),
         max_position_embeddings=int(hf.get("max_position_embeddings", max_positions)),
         qkv_bias=bias,
         o_bias=bias,
@@ -374,24 +436,36 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
     ``save_pretrained(save_original_format=False)`` writes; read where ``present`` has
     ``mlp.experts.gate_up_proj``) they are ``mlp.experts.gate_up_proj`` ``[E, 2F, d]`` (gate first)
     and ``mlp.experts.down_proj`` ``[E, d, F]``. gpt-oss stores them stacked already, ``[in, out]``.
-    The language model's tensors live under ``model.``, or ``model.language_model.`` in Qwen3.5's
-    multimodal checkpoints (read where ``present`` has such names). Qwen3.5's linear-attention
+    The language model's tensors live under ``model.``, or ``model.language_model.`` in Qwen3.5's and
+    Gemma 3's multimodal checkpoints (``language_model.model.`` and ``language_model.lm_head`` as
+    transformers 4.x saved Gemma 3; read where ``present`` has such names). Gemma's four norms a layer:
+    ``input_layernorm`` (ours ``input_norm``), ``post_attention_layernorm`` on the attention's output
+    (``attn_out_norm``), ``pre_feedforward_layernorm`` (``post_attn_norm``, the norm before the MLP in
+    every family) and ``post_feedforward_layernorm`` (``mlp_out_norm``). Qwen3.5's linear-attention
     layers: ``linear_attn.in_proj_{qkv,z,b,a}``, ``conv1d.weight`` ``[C, 1, K]`` (kept in that
     layout), ``dt_bias``, ``A_log``, ``norm``, ``out_proj``.
 
     The one place that names ``target.Target``'s parameters in Hugging Face's convention
     (``checkpoint.load_hf_params`` reads through it)."""
     fused = cfg.family in ("qwen3_moe", "qwen3_5_moe") and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
-    multimodal = cfg.family in HYBRID_FAMILIES and any(n.startswith("model.language_model.") for n in present)
-    prefix = "model.language_model." if multimodal else "model."
+    prefix, head = "model.", "lm_head.weight"
+    if cfg.family in MULTIMODAL and any(n.startswith("model.language_model.") for n in present):
+        prefix = "model.language_model."
+    elif cfg.family in MULTIMODAL and any(n.startswith("language_model.model.") for n in present):
+        prefix, head = "language_model.model.", "language_model.lm_head.weight"  # transformers 4.x's layout
     names: dict[str, tuple] = {f"{prefix}embed_tokens.weight": (("embedding",), False)}
     names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
     if not cfg.tie_word_embeddings:
-        names["lm_head.weight"] = (("lm_head",), True)
+        names[head] = (("lm_head",), True)
     for i in range(cfg.num_layers):
         hf, ours = f"{prefix}layers.{i}.", (f"layers_{i}",)
         names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
-        names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
+        if cfg.sandwich_norms:  # Gemma: post_attention_layernorm norms the attention's output
+            names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "attn_out_norm", "scale"), False)
+            names[f"{hf}pre_feedforward_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
+            names[f"{hf}post_feedforward_layernorm.weight"] = ((*ours, "mlp_out_norm", "scale"), False)
+        else:
+            names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
         if cfg.is_linear(i):
             names.update(_linear_attention_names(f"{hf}linear_attn.", (*ours, "linear_attn")))
         else:
@@ -429,9 +503,11 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
 
 def is_extra(cfg: TargetConfig, name: str) -> bool:
     """Whether tensor ``name`` of a Hugging Face checkpoint is one the target does not use: rotary
-    ``inv_freq`` buffers (derived from the config, saved by old transformers versions), and
-    Qwen3.5's vision tower and multi-token-prediction head."""
+    ``inv_freq`` buffers (derived from the config, saved by old transformers versions), Qwen3.5's
+    vision tower and multi-token-prediction head, Gemma 3's vision tower and projector."""
     skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
+    vision = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+    skipped |= cfg.family == "gemma3" and name.startswith(vision)
     return skipped or name.endswith("rotary_emb.inv_freq")
 
 

@@ -68,14 +68,17 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
     """Inverse RoPE frequencies, float32 ``[head_dim // 2]``.
 
-    ``scaling`` is ``None`` (plain RoPE) or a Llama-3 dict with ``factor``,
-    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``
-    (the ``llama3`` rope type of transformers' ``modeling_rope_utils``).
+    ``scaling`` is ``None`` (plain RoPE), a Llama-3 dict with ``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings`` (the ``llama3`` rope type of
+    transformers' ``modeling_rope_utils``), or ``{"factor": f}`` alone (its ``linear`` type, Gemma 3's
+    global layers: every frequency divided by ``f``).
     """
     inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
     inv = inv.astype(np.float32)
     if scaling is None:
         return inv
+    if set(scaling) == {"factor"}:  # linear position interpolation
+        return (inv / np.float32(scaling["factor"])).astype(np.float32)
     factor = float(scaling["factor"])
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     old_ctx = float(scaling["original_max_position_embeddings"])
@@ -137,12 +140,20 @@ def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray, scale: float = 
     return x * cos + rotated * sin
 
 
+ACTIVATIONS = {
+    "silu": nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # transformers' gelu_pytorch_tanh (Gemma)
+}
+
+
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``, the Llama/Qwen MLP (no biases)."""
+    """``down(act(gate(x)) * up(x))``, the gated MLP of Llama/Qwen (``act`` SiLU: SwiGLU) and Gemma
+    (``act`` tanh-approximated GELU: GeGLU); no biases. ``activation``: a key of ``ACTIVATIONS``."""
 
     hidden_size: int
     intermediate_size: int
     dtype: jnp.dtype = jnp.float32
+    activation: str = "silu"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -150,20 +161,21 @@ class SwiGLU(nn.Module):
         gate = param(self, "gate_proj", (d, f), ("embed", "mlp")).astype(self.dtype)
         up = param(self, "up_proj", (d, f), ("embed", "mlp")).astype(self.dtype)
         down = param(self, "down_proj", (f, d), ("mlp", "embed")).astype(self.dtype)
-        h = nn.silu(x @ gate) * (x @ up)
+        h = ACTIVATIONS[self.activation](x @ gate) * (x @ up)
         h = nn.with_logical_constraint(h, ("batch", "length", "act_mlp"))
         return h @ down
 
 
-def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None) -> Array:
+def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None, scale: float | None = None) -> Array:
     """Grouped-query softmax attention.
 
     Args:
-      q: ``[B, T, H, D]`` queries (already scaled by nothing; ``1/sqrt(D)`` applied here).
+      q: ``[B, T, H, D]`` queries (not yet scaled: ``scale`` is applied here).
       k, v: ``[B, S, KV, D]`` keys and values, ``H % KV == 0``.
       mask: bool, broadcastable to ``[B, T, S]``; True where the query may see the key.
       sinks: optional ``[H]`` attention-sink logits (gpt-oss): one extra key per head that every
         query sees, with no value; it joins the softmax's denominator and is then dropped.
+      scale: the logits' scale, ``1/sqrt(D)`` when None (Gemma 3: ``query_pre_attn_scalar ** -0.5``).
 
     Returns:
       ``[B, T, H, D]`` in ``q.dtype``; logits and softmax in float32.
@@ -172,7 +184,7 @@ def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None
     kv = k.shape[2]
     qg = q.reshape(b, t, kv, h // kv, d)
     logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    logits = logits * (1.0 / math.sqrt(d))
+    logits = logits * (1.0 / math.sqrt(d) if scale is None else scale)
     logits = jnp.where(mask[:, None, None, :, :], logits, MASK_VALUE)
     if sinks is None:
         probs = jax.nn.softmax(logits, axis=-1)

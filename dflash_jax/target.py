@@ -1,6 +1,7 @@
 """The target model in Flax linen, with an explicit KV cache: Llama, Qwen2, Qwen3 (dense),
 Qwen3-MoE and gpt-oss (mixture of experts), Qwen3.5 and Qwen3.5-MoE (hybrid: Gated DeltaNet
-layers, ``deltanet.py``, among gated full attention).
+layers, ``deltanet.py``, among gated full attention), Gemma 3 (sliding and global layers with their
+own RoPE, GeGLU, norms around each sublayer, scaled embeddings).
 
 Read top to bottom: ``MoEConfig`` and ``TargetConfig``, ``Attention`` (grouped-query; sliding
 window and attention sinks for gpt-oss), ``MoE`` (router and experts as one grouped matmul, a gated
@@ -87,6 +88,12 @@ _LATER_FIELDS = (
     "partial_rotary_factor",
     "attn_output_gate",
     "norm_zero_centered",
+    "mlp_activation",
+    "sandwich_norms",
+    "embed_scale",
+    "attn_scale",
+    "local_rope_theta",
+    "final_logit_softcap",
 )
 
 
@@ -120,7 +127,13 @@ class TargetConfig:
     linear: LinearAttentionConfig | None = None  # Qwen3.5: the "linear_attention" layers' shape
     partial_rotary_factor: float = 1.0  # RoPE rotates the first head_dim * factor dims of q and k
     attn_output_gate: bool = False  # Qwen3.5: q_proj also gives a per-head gate, out *= sigmoid(gate)
-    norm_zero_centered: bool = False  # Qwen3.5: every RMSNorm weight is applied as 1 + w
+    norm_zero_centered: bool = False  # Qwen3.5, Gemma: every RMSNorm weight is applied as 1 + w
+    mlp_activation: str = "silu"  # the gated MLP's activation (``layers.ACTIVATIONS``; Gemma: "gelu_tanh")
+    sandwich_norms: bool = False  # Gemma: the attention's and the MLP's outputs are normed before each residual add
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden_size), rounded to the compute dtype
+    attn_scale: float = 0.0  # the attention logits' scale; 0 = head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    local_rope_theta: float = 0.0  # Gemma: the sliding layers' RoPE base (plain RoPE); 0 = the global layers' RoPE
+    final_logit_softcap: float = 0.0  # Gemma 2/4 style: logits = cap * tanh(logits / cap); 0 = none
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -156,17 +169,22 @@ class TargetConfig:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
 
-def rope_tables(cfg: TargetConfig) -> tuple[np.ndarray, float]:
-    """The target's RoPE: inverse frequencies ``[rotary_dim // 2]`` and the cos/sin scale (1 but for YaRN)."""
+def rope_tables(cfg: TargetConfig, sliding: bool = False) -> tuple[np.ndarray, float]:
+    """The target's RoPE: inverse frequencies ``[rotary_dim // 2]`` and the cos/sin scale (1 but for YaRN).
+    ``sliding``: for a sliding-window layer, which has its own plain RoPE where ``cfg.local_rope_theta``
+    is set (Gemma 3: base 10000 locally, a scaled base-1e6 RoPE on global layers)."""
+    if sliding and cfg.local_rope_theta:
+        return rope_inv_freq(cfg.rotary_dim, cfg.local_rope_theta), 1.0
     if cfg.yarn is not None:
         return yarn_inv_freq(cfg.rotary_dim, cfg.rope_theta, dict(cfg.yarn))
     return rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
 
 
-def rotate(x: Array, positions: Array, cfg: TargetConfig) -> Array:
+def rotate(x: Array, positions: Array, cfg: TargetConfig, sliding: bool = False) -> Array:
     """RoPE on the first ``cfg.rotary_dim`` dims of ``x`` ``[B, T, N, D]``; the rest pass through
-    (Qwen3.5's partial rotary embedding; its multimodal sections coincide for text positions)."""
-    inv_freq, scale = rope_tables(cfg)
+    (Qwen3.5's partial rotary embedding; its multimodal sections coincide for text positions).
+    ``sliding``: the layer is a sliding-window one (``rope_tables``)."""
+    inv_freq, scale = rope_tables(cfg, sliding)
     r = cfg.rotary_dim
     if r == x.shape[-1]:
         return apply_rope(x, positions, inv_freq, scale)
@@ -203,7 +221,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="q_norm")(q)
             k = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="k_norm")(k)
-        q, k = rotate(q, positions, cfg), rotate(k, positions, cfg)
+        q, k = rotate(q, positions, cfg, self.sliding), rotate(k, positions, cfg, self.sliding)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
 
         if cache is None:  # plain causal forward over the block itself
@@ -222,7 +240,7 @@ class Attention(nn.Module):
         if self.sliding:
             mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
         sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
-        out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks)
+        out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks, cfg.attn_scale or None)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
         out = out.reshape(*x.shape[:2], h * hd)
@@ -355,12 +373,17 @@ class DecoderLayer(nn.Module):
             attn, cache = mixer(norm, cache, lengths)
         else:
             attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache, tree)
+        if cfg.sandwich_norms:  # Gemma: each sublayer's output normed before its residual add
+            attn = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="attn_out_norm")(attn)
         x = x + attn
         if cfg.is_moe(self.layer):
             mlp = MoE(cfg, name="moe")
         else:
-            mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, name="mlp")
-        x = x + mlp(RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="post_attn_norm")(x))
+            mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, cfg.mlp_activation, name="mlp")
+        h = mlp(RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="post_attn_norm")(x))
+        if cfg.sandwich_norms:
+            h = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="mlp_out_norm")(h)
+        x = x + h
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed")), cache
 
 
@@ -418,15 +441,28 @@ class Target(nn.Module):
         return self.final_norm(x), tapped, (new_cache if cache is not None else None)
 
     def embed(self, tokens: Array) -> Array:
-        """Token embeddings ``[..., d]`` in the compute dtype."""
-        x = jnp.take(self.embedding, tokens, axis=0).astype(self.cfg.compute_dtype)
+        """Token embeddings ``[..., d]`` in the compute dtype (Gemma: times ``sqrt(d)`` rounded to that
+        dtype, as ``Gemma3TextScaledWordEmbedding``)."""
+        cfg = self.cfg
+        x = jnp.take(self.embedding, tokens, axis=0).astype(cfg.compute_dtype)
+        if cfg.embed_scale:
+            x = x * jnp.asarray(np.float32(cfg.hidden_size**0.5), cfg.compute_dtype)
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
-    def logits(self, hidden: Array) -> Array:
-        """LM head: ``[..., d]`` -> float32 ``[..., vocab]``."""
+    def head(self, hidden: Array) -> Array:
+        """The LM head alone: ``[..., d]`` -> float32 ``[..., vocab]`` (a drafter's logits go through it
+        and its own soft-cap, as the reference's ``target.lm_head``)."""
         dt = self.cfg.compute_dtype
         w = self.embedding.T if self.cfg.tie_word_embeddings else self.lm_head
         return jnp.matmul(hidden.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
+
+    def logits(self, hidden: Array) -> Array:
+        """The target's next-token logits: ``[..., d]`` -> float32 ``[..., vocab]``, the LM head then,
+        where the config has one, the final soft-cap ``cap * tanh(logits / cap)`` (Gemma's
+        ``final_logit_softcapping``)."""
+        logits = self.head(hidden)
+        cap = self.cfg.final_logit_softcap
+        return jnp.tanh(logits / cap) * cap if cap else logits
 
 
 def write_block(buf: Array, block: Array, start: Array) -> Array:

@@ -26,7 +26,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
-    from helpers import LLAMA3_ROPE, make_hf_model
+    from helpers import GEMMA3, LLAMA3_ROPE, make_hf_model
 
     from dflash_jax import checkpoint
 
@@ -57,6 +57,7 @@ def tiny_models(tmp_path_factory):
             moe_intermediate_size=32,
             shared_expert_intermediate_size=48,
         ),
+        "gemma3": GEMMA3,
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")

@@ -41,7 +41,7 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **overrides):
-    """Save a random tiny ``family`` model (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe)
+    """Save a random tiny ``family`` model (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe, gemma3)
     with a tokenizer to ``folder``.
 
     Weights are drawn with std 0.2 by default (not HF's 0.02) so logits are far from uniform
@@ -59,6 +59,7 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
         "gpt_oss": transformers.GptOssConfig,
         "qwen3_5": transformers.Qwen3_5TextConfig,
         "qwen3_5_moe": transformers.Qwen3_5MoeTextConfig,
+        "gemma3": transformers.Gemma3TextConfig,
     }[family]
     if family == "qwen3_5_moe":  # every layer has experts: the config has no dense intermediate_size
         kw.pop("intermediate_size")
@@ -93,6 +94,18 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+
+# Gemma 3: sliding (window 8) and global layers alternating, each with its own RoPE (the global one
+# linearly scaled), attention scaled by query_pre_attn_scalar (not head_dim), a final logit soft-cap
+# (Gemma 3 releases have none; it proves the path), a tied head
+GEMMA3 = dict(
+    tie_word_embeddings=True,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    query_pre_attn_scalar=24,
+    final_logit_softcapping=30.0,
+    rope_scaling={"rope_type": "linear", "factor": 4.0},
+)
 
 TINY_REL = 2e-5  # tiny random float32 models: about 5x the worst measured
 # Qwen3.5's Gated DeltaNet layers: the chunked delta rule (a triangular solve per chunk, exponentials

@@ -17,7 +17,7 @@ def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "gemma3"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -48,10 +48,10 @@ def test_taps_are_raw_layer_outputs(tiny_models):
     assert_close(np.asarray(feats)[..., d:], hs[3].numpy(), TINY_REL)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3"])
 def test_cached_blocks_equal_full_forward(tiny_models, family):
-    """Blocks on top of the cache give the full forward's logits (gpt-oss: sliding window 8, so
-    blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits)."""
+    """Blocks on top of the cache give the full forward's logits (gpt-oss, Gemma 3: sliding window 8,
+    so blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
@@ -72,7 +72,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3"])
 def test_padding_changes_no_sequence(tiny_models, family):
     """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
     on which tokens share an expert), in the padded prefill and in the block after it (Qwen3.5: the
@@ -292,3 +292,63 @@ def test_multimodal_qwen3_5_checkpoint_converts_to_its_language_model(tmp_path, 
     tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
     ours, _, _ = _forward(ck, tokens)
     assert_close(ours, hf_logits(model, tokens), HYBRID_REL)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gemma3"])
+def test_defaults_of_a_minimal_gemma3_config_are_transformers(family):
+    """A Gemma 3 config.json that leaves fields out (the text config, or the multimodal one with a
+    ``text_config``) reads as transformers' ``Gemma3TextConfig`` fills it in: five sliding layers then
+    a global one, two RoPE bases, the window, the attention scale, a tied head."""
+    import transformers
+
+    text = {"vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4}
+    theirs = transformers.Gemma3TextConfig(**text)
+    minimal = {"model_type": "gemma3_text", **text}
+    if family == "gemma3":
+        minimal = {"model_type": "gemma3", "text_config": {**minimal}}
+    ours = hf_format.read_config(minimal)
+    assert ours.family == "gemma3" and list(ours.layer_types) == theirs.layer_types
+    assert ours.sliding_window == theirs.sliding_window and ours.head_dim == theirs.head_dim
+    assert ours.num_kv_heads == theirs.num_key_value_heads and ours.intermediate_size == theirs.intermediate_size
+    assert ours.rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"] and ours.rope_scaling is None
+    assert ours.local_rope_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"]
+    assert ours.attn_scale == theirs.query_pre_attn_scalar**-0.5 and ours.tie_word_embeddings
+    assert ours.final_logit_softcap == 0.0 and theirs.final_logit_softcapping is None
+    # transformers 4.x's layout: rope_theta, rope_local_base_freq and rope_scaling at the top level
+    old = {"model_type": "gemma3_text", **text, "rope_theta": 5e5, "rope_local_base_freq": 2e4}
+    old = hf_format.read_config({**old, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert (old.rope_theta, old.local_rope_theta, dict(old.rope_scaling)) == (5e5, 2e4, {"factor": 8.0})
+    with pytest.raises(ConfigError, match="hidden_activation 'gelu' is not supported for gemma3"):
+        hf_format.read_config(
+            {**minimal, "hidden_activation": "gelu"}
+            if family == "gemma3_text"
+            else {**minimal, "text_config": {**minimal["text_config"], "hidden_activation": "gelu"}}
+        )
+
+
+def test_multimodal_gemma3_checkpoint_converts_to_its_language_model(tmp_path):
+    """A Gemma 3 checkpoint with its vision tower and projector: the target is the language model,
+    equal to transformers' forward on text; the vision weights are skipped."""
+    import torch
+    import transformers
+    from helpers import GEMMA3, tiny_tokenizer
+
+    text = dict(TINY, **{k: v for k, v in GEMMA3.items() if k != "tie_word_embeddings"})
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    vision.update(image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")  # the released layout: language_model.model.*, vision_tower.*
+    tiny_tokenizer(TINY["vocab_size"]).save_pretrained(tmp_path / "hf")
+    ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / "hf", tmp_path / "ck"))
+    assert ck.cfg.family == "gemma3" and ck.cfg.tie_word_embeddings and ck.cfg.is_sliding(0)
+    tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
+    ours, _, _ = _forward(ck, tokens)
+    assert_close(ours, hf_logits(model, tokens), TINY_REL)
+    model.save_pretrained(tmp_path / "v5", save_original_format=False)  # model.language_model.*
+    v5 = checkpoint.load_hf_params(tmp_path / "v5", ck.cfg)
+    np.testing.assert_array_equal(v5["layers_1"]["attn"]["q_proj"], np.asarray(ck.params["layers_1"]["attn"]["q_proj"]))

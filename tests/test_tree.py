@@ -100,7 +100,7 @@ def test_bad_budgets_are_refused():
         build_tree(np.zeros((1, 2, 3), np.float32), 0)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe", "gemma3"])
 def test_a_tree_block_gives_each_node_the_logits_of_its_own_path(tiny_models, family):
     """One verify of a tree block (``Target(tree=...)``: slots by node, positions by depth, each node
     seeing the cache and its ancestors) gives every node the target's logits after its own path,
@@ -248,7 +248,7 @@ def test_the_ancestor_mask_and_the_walk_follow_the_parents():
 
 # --- trees in the decoding loop ---
 
-FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe"]  # dense; sliding window with sinks; mixture of experts
+FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe", "gemma3"]  # dense; sliding window with sinks; experts; Gemma 3
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -1,5 +1,6 @@
-"""Mixture-of-experts targets (Qwen3-MoE, gpt-oss) and the hybrid Qwen3.5-MoE (Gated DeltaNet + gated
-attention, experts) in the decoder, and on a mesh with an expert axis.
+"""The target families beyond the dense Llama / Qwen ones in the decoder, on a mesh and through the CLI:
+mixture of experts (Qwen3-MoE, gpt-oss), the hybrid Qwen3.5-MoE (Gated DeltaNet + gated attention,
+experts) and Gemma 3 (sliding and global layers with their own RoPE, sandwich norms, GeGLU).
 
 Their parity with transformers (logits, cached blocks, padding, the hybrid's rollback) is in
 ``test_target.py``. Every rejected draft token below is one the hybrid's commit must keep out of
@@ -23,7 +24,7 @@ from dflash_jax.train_step import sharded_step, train_step
 # Qwen3.5-MoE (two layers: one Gated DeltaNet, one gated attention; experts and a shared expert in both)
 # stands for the hybrids here: its rollback is the dense Qwen3.5's, whose batched decoding is
 # compared with transformers' generate in test_decode.py
-MOE = ["qwen3_moe", "gpt_oss", "qwen3_5_moe"]
+FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3"]
 
 
 def _load(tiny_models, family):
@@ -32,16 +33,16 @@ def _load(tiny_models, family):
     return path, ck, Decoder(ck.params, ck.cfg)
 
 
-@pytest.fixture(scope="module", params=MOE)
-def moe_target(request, tiny_models):
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_target(request, tiny_models):
     return _load(tiny_models, request.param)
 
 
-def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target):
+def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(family_target):
     """An oracle drafter that is wrong at chosen positions: every round's acceptance is the one the
     SPEC rule gives, the output is the plain greedy output, rows stop at a stop token and at the
     length limit inside a block."""
-    _, ck, plain = moe_target
+    _, ck, plain = family_target
     bs, rs = 6, np.random.RandomState(7)
     prompts = [rs.randint(4, 96, n).tolist() for n in (5, 19, 11)]
     greedy = [r.token_ids for r in plain.generate(prompts, 40)]
@@ -58,11 +59,11 @@ def test_oracle_drafter_rounds_stop_mid_block_at_limit_and_stop_token(moe_target
     assert got[1].token_ids[-1] == stop and len(got[1].token_ids) <= 26
 
 
-def test_random_drafter_greedy_and_sampled(moe_target):
-    """A random DFlash drafter on an MoE target: greedy output equals plain decoding (most rounds
+def test_random_drafter_greedy_and_sampled(family_target):
+    """A random DFlash drafter: greedy output equals plain decoding (most rounds
     reject inside the block); sampled, a row's tokens do not depend on the batch it is in (its
     distribution is the chi-square test of ``test_sampling.py``, which the target does not enter)."""
-    _, ck, plain = moe_target
+    _, ck, plain = family_target
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     step, dparams = DraftStep(dcfg, ck.cfg), init_drafter_params(dcfg, seed=1)
     rs = np.random.RandomState(3)
@@ -85,9 +86,10 @@ def test_random_drafter_greedy_and_sampled(moe_target):
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 8), (1, 2, 2, 2)])
-def test_expert_axis_mesh_gives_the_same_logits(moe_target, shape):
-    """Experts split over an ``expert`` mesh axis (with fsdp and tensor): the same logits as one device."""
-    path, ck, _ = moe_target
+def test_a_mesh_gives_the_same_logits(family_target, shape):
+    """Parameters split over the mesh (experts over an ``expert`` axis, with fsdp and tensor): the same
+    logits as one device."""
+    path, ck, _ = family_target
     tokens = np.random.RandomState(1).randint(0, 96, (2, 24))
     positions = np.broadcast_to(np.arange(24), tokens.shape)
     model = Target(ck.cfg)
@@ -99,16 +101,19 @@ def test_expert_axis_mesh_gives_the_same_logits(moe_target, shape):
     want = np.asarray(jax.jit(logits)(ck.params, tokens, positions))
     mesh = make_mesh(shape)
     sharded = checkpoint.load_target(path, mesh=mesh).params
-    gate_up = sharded["layers_0"]["moe"]["gate_up"]
-    assert gate_up.sharding.spec[0] == "expert" and len(gate_up.sharding.device_set) == 8
+    if ck.cfg.moe is not None:
+        gate_up = sharded["layers_0"]["moe"]["gate_up"]
+        assert gate_up.sharding.spec[0] == "expert" and len(gate_up.sharding.device_set) == 8
+    else:
+        assert any(sharded["layers_0"]["attn"]["q_proj"].sharding.spec) or shape == (1, 1, 1, 8)
     with axis_rules(), jax.set_mesh(mesh):
         got = np.asarray(jax.jit(logits)(sharded, tokens, positions))
     assert_close(got, want, TINY_REL)
 
 
-def test_expert_axis_mesh_gives_the_same_training_loss(moe_target):
-    """The drafter's training step on an MoE target over (data 2, fsdp 1, tensor 2, expert 2) equals one device."""
-    path, ck, _ = moe_target
+def test_a_mesh_gives_the_same_training_loss(family_target):
+    """The drafter's training step over (data 2, fsdp 1, tensor 2, expert 2) equals one device."""
+    path, ck, _ = family_target
     rs = np.random.RandomState(0)
     batch = {
         "tokens": rs.randint(4, 96, (1, 4, 32)).astype(np.int32),
@@ -134,12 +139,13 @@ CLI_FAMILIES = {
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
     "qwen3_5": LINEAR,
+    "gemma3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2),
 }  # (Qwen3.5-MoE's tiny folder loads its word-level tokenizer as one that encodes "t10" to nothing)
 
 
 @pytest.mark.parametrize("family", CLI_FAMILIES)
 def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
-    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept MoE and hybrid targets."""
+    """``convert``, ``generate`` (plain and with a random drafter) and ``train`` accept each family."""
     import json
     from pathlib import Path
 
@@ -152,7 +158,7 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
     make_hf_model(family, hf_dir, **CLI_FAMILIES[family])
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
     ck = checkpoint.load_target(tmp_path / "ck")
-    assert ck.cfg.family == family and (ck.cfg.moe is not None) == (family != "qwen3_5")
+    assert ck.cfg.family == family and (ck.cfg.moe is not None) == family.endswith(("moe", "oss"))
     assert (ck.cfg.linear is not None) == family.startswith("qwen3_5")
     records = []
     for drafter in ("none", "random"):
