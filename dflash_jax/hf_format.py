@@ -13,15 +13,23 @@ minimal config reads as transformers reads it (tests/test_target.py compares the
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Collection
 from typing import Any
 
 from dflash_jax.errors import ConfigError
-from dflash_jax.target import LinearAttentionConfig, MoEConfig, TargetConfig
+from dflash_jax.target import LatentConfig, LinearAttentionConfig, MoEConfig, TargetConfig
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet layers among gated full attention
-# multimodal configs (a text_config inside) whose language model is the target; tied head by default?
-MULTIMODAL = {"qwen3_5": False, "qwen3_5_moe": False, "gemma3": True}
+# multimodal configs (a text_config inside) whose language model is the target: their text model_type
+# and whether the head is tied by default
+MULTIMODAL = {
+    "qwen3_5": ("qwen3_5_text", False),
+    "qwen3_5_moe": ("qwen3_5_moe_text", False),
+    "gemma3": ("gemma3_text", True),
+    "kimi_k25": ("deepseek_v3", True),  # Kimi-K2.5: a DeepSeek-V3 language model (its kimi_k2 text config)
+}
 
 
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
@@ -69,7 +77,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
 def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
     family = hf.get("model_type")
     if family in MULTIMODAL:  # the multimodal config: its language model is the target
-        hf, family = _language_model(hf, family), f"{family}_text"
+        hf, family = _language_model(hf, family), MULTIMODAL[family][0]
     if family not in READERS:
         raise ConfigError(
             f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
@@ -91,9 +99,9 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
 
 
 def _language_model(hf: dict[str, Any], family: str) -> dict[str, Any]:
-    """A multimodal ``config.json`` (Qwen3.5, Gemma 3): its ``text_config``, as a ``{family}_text``
-    config. transformers ties the head by the top-level flag (its default: ``MULTIMODAL``); a top-level
-    quantisation applies to the whole."""
+    """A multimodal ``config.json`` (Qwen3.5, Gemma 3, Kimi-K2.5): its ``text_config``, as a config of
+    the text model_type in ``MULTIMODAL``. transformers ties the head by the top-level flag (its default
+    there too); a top-level quantisation applies to the whole."""
     text = hf.get("text_config")
     if not isinstance(text, dict):
         raise ConfigError(f"{family} config.json has no text_config object")
@@ -101,8 +109,8 @@ def _language_model(hf: dict[str, Any], family: str) -> dict[str, Any]:
         text = {**text, "final_logit_softcapping": None}
     return {
         **text,
-        "tie_word_embeddings": hf.get("tie_word_embeddings", MULTIMODAL[family]),
-        "model_type": f"{family}_text",
+        "tie_word_embeddings": hf.get("tie_word_embeddings", MULTIMODAL[family][1]),
+        "model_type": MULTIMODAL[family][0],
         "quantization_config": hf.get("quantization_config") or text.get("quantization_config"),
     }
 
@@ -275,6 +283,93 @@ def _gemma3(hf: dict[str, Any], family: str) -> dict[str, Any]:
     }
 
 
+def _deepseek_v3(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """DeepSeek-V3 (and Kimi-K2's language model), ``DeepseekV3Config``: multi-head latent attention in
+    every layer (``LatentConfig``; the query through ``q_lora_rank`` unless it is null), scores scaled by
+    ``qk_head_dim ** -0.5`` times YaRN's ``mscale_all_dim`` factor squared; dense SwiGLU layers first
+    (``first_k_dense_replace``), then experts with the sigmoid, group-limited router and ungated shared
+    experts. The multi-token-prediction layers past ``num_hidden_layers`` are not part of the target."""
+    num_layers, _ = _layers(hf, family)
+    rope = _rope(hf)
+    q_lora = hf["q_lora_rank"] if "q_lora_rank" in hf else 1536  # null: a plain q_proj
+    latent = LatentConfig(
+        q_lora_rank=int(q_lora or 0),
+        kv_lora_rank=int(hf.get("kv_lora_rank", 512)),
+        qk_nope_head_dim=int(hf.get("qk_nope_head_dim", 128)),
+        qk_rope_head_dim=int(hf.get("qk_rope_head_dim", 64)),
+        v_head_dim=int(hf.get("v_head_dim") or 128),
+        rope_interleave=bool(hf.get("rope_interleave", True)),
+    )
+    if latent.qk_rope_head_dim % 2:
+        raise ConfigError(f"qk_rope_head_dim ({latent.qk_rope_head_dim}) must be even")
+    scale = (latent.qk_nope_head_dim + latent.qk_rope_head_dim) ** -0.5
+    yarn = dict(rope["yarn"] or ())
+    if yarn.get("mscale_all_dim") and yarn["factor"] > 1:  # as transformers' yarn_apply_mscale
+        scale *= (0.1 * yarn["mscale_all_dim"] * math.log(yarn["factor"]) + 1.0) ** 2
+    heads = int(hf.get("num_attention_heads", 128))
+    shape = _shape(hf, num_layers, (heads, latent.qk_rope_head_dim), kv_heads=heads, max_positions=4096)
+    return {
+        **rope,
+        **shape,
+        "num_kv_heads": heads,  # unused by MLA (one latent a token); the query heads, as transformers' default
+        "intermediate_size": int(hf.get("intermediate_size", 18432)),
+        "latent": latent,
+        "attn_scale": scale,
+        "moe": _grouped_experts(hf, num_layers, experts=256, width=2048, first_dense=3, scaling=2.5, groups=(8, 4)),
+    }
+
+
+def _glm4_moe(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """GLM-4.5 (``Glm4MoeConfig``): grouped-query attention with partial RoPE (half the head by default),
+    optional q/k norms, q/k/v biases where ``attention_bias`` (never on ``o_proj``); dense SwiGLU layers
+    first, then DeepSeek-V3's router and shared experts."""
+    num_layers, _ = _layers(hf, family)
+    rope, heads = _rope(hf, partial=0.5), _heads(hf)
+    if int(heads[1] * rope["partial_rotary_factor"]) % 2:
+        raise ConfigError(f"head_dim * partial_rotary_factor ({heads[1] * rope['partial_rotary_factor']}) must be even")
+    shape = _shape(hf, num_layers, heads, kv_heads=8, eps=1e-5, max_positions=131072)
+    return {
+        **rope,
+        **shape,
+        "o_bias": False,
+        "qk_norm": bool(hf.get("use_qk_norm", False)),
+        "intermediate_size": int(hf.get("intermediate_size", 10944)),
+        "moe": _grouped_experts(hf, num_layers, experts=128, width=1408, first_dense=1, scaling=1.0, groups=(1, 1)),
+    }
+
+
+def _grouped_experts(
+    hf: dict[str, Any], num_layers: int, experts: int, width: int, first_dense: int, scaling: float, groups: tuple
+) -> MoEConfig | None:
+    """The experts of DeepSeek-V3 and GLM-4.5 (``DeepseekV3MoE``, ``Glm4MoeMoE``): in the layers from
+    ``first_k_dense_replace`` on, the sigmoid group-limited router (``target.group_limited_topk``) and
+    ``n_shared_experts`` ungated shared experts; the arguments are the family's defaults."""
+    moe = MoEConfig(
+        num_experts=int(hf.get("n_routed_experts", experts)),
+        experts_per_token=int(hf.get("num_experts_per_tok", 8)),
+        intermediate_size=int(hf.get("moe_intermediate_size", width)),
+        layers=tuple(range(int(hf.get("first_k_dense_replace", first_dense)), num_layers)),
+        router="sigmoid_group",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+        shared_expert_size=int(hf.get("n_shared_experts", 1)) * int(hf.get("moe_intermediate_size", width)),
+        shared_expert_gated=False,
+        num_groups=int(hf.get("n_group", groups[0]) or 1),  # null: one group
+        topk_groups=int(hf.get("topk_group", groups[1]) or 1),
+        routed_scaling=float(hf.get("routed_scaling_factor", scaling)),
+    )
+    if moe.num_experts % moe.num_groups or not 1 <= moe.topk_groups <= moe.num_groups:
+        raise ConfigError(
+            f"n_group ({moe.num_groups}) must divide n_routed_experts ({moe.num_experts}) and topk_group "
+            f"({moe.topk_groups}) be between 1 and n_group"
+        )
+    if moe.experts_per_token > moe.topk_groups * (moe.num_experts // moe.num_groups):
+        raise ConfigError(
+            f"num_experts_per_tok ({moe.experts_per_token}) exceeds the experts of topk_group groups "
+            f"({moe.topk_groups} x {moe.num_experts // moe.num_groups})"
+        )
+    return _experts(moe)
+
+
 def _no_sliding_window(reader: Callable[[dict, str], dict]) -> Callable[[dict, str], dict]:
     """The Qwen families: ``use_sliding_window=true`` is refused (their sliding window is not implemented)."""
 
@@ -303,6 +398,9 @@ READERS: dict[str, Callable[[dict, str], dict]] = {
     "qwen3_5_moe_text": _no_sliding_window(_qwen3_5),
     "gemma3": _gemma3,
     "gemma3_text": _gemma3,
+    "deepseek_v3": _deepseek_v3,
+    "kimi_k25": _deepseek_v3,
+    "glm4_moe": _glm4_moe,
 }
 SUPPORTED_FAMILIES = tuple(READERS)
 
@@ -447,12 +545,12 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
 
     The one place that names ``target.Target``'s parameters in Hugging Face's convention
     (``checkpoint.load_hf_params`` reads through it)."""
-    fused = cfg.family in ("qwen3_moe", "qwen3_5_moe") and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
+    fused = cfg.family != "gpt_oss" and any(n.endswith(".mlp.experts.gate_up_proj") for n in present)
     prefix, head = "model.", "lm_head.weight"
-    if cfg.family in MULTIMODAL and any(n.startswith("model.language_model.") for n in present):
+    if any(n.startswith("model.language_model.") for n in present):  # a multimodal folder
         prefix = "model.language_model."
-    elif cfg.family in MULTIMODAL and any(n.startswith("language_model.model.") for n in present):
-        prefix, head = "language_model.model.", "language_model.lm_head.weight"  # transformers 4.x's layout
+    elif any(n.startswith("language_model.model.") for n in present):  # ... as transformers 4.x saved it
+        prefix, head = "language_model.model.", "language_model.lm_head.weight"
     names: dict[str, tuple] = {f"{prefix}embed_tokens.weight": (("embedding",), False)}
     names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
     if not cfg.tie_word_embeddings:
@@ -468,6 +566,8 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
             names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
         if cfg.is_linear(i):
             names.update(_linear_attention_names(f"{hf}linear_attn.", (*ours, "linear_attn")))
+        elif cfg.latent is not None:
+            names.update(_latent_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
         else:
             names.update(_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
         if not cfg.is_moe(i):
@@ -480,12 +580,12 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
             for p in ("gate_up", "down"):
                 names[f"{hf}mlp.experts.{p}_proj"] = ((*moe, p), False)
                 names[f"{hf}mlp.experts.{p}_proj_bias"] = ((*moe, f"{p}_bias"), False)
-        elif fused:  # qwen3_moe, qwen3_5_moe: transformers 5's fused layout
+        elif fused:  # transformers 5's fused layout
             moe = (*ours, "moe")
             names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
             names[f"{hf}mlp.experts.gate_up_proj"] = ((*moe, "gate_up"), True)
             names[f"{hf}mlp.experts.down_proj"] = ((*moe, "down"), True)
-        else:  # qwen3_moe: one tensor per expert and projection
+        else:  # one tensor per expert and projection (the released Qwen3-MoE, DeepSeek-V3, GLM-4.5)
             moe, f, whole = (*ours, "moe"), cfg.moe.intermediate_size, slice(None)
             names[f"{hf}mlp.gate.weight"] = ((*moe, "router"), True)
             for j in range(cfg.moe.num_experts):
@@ -493,11 +593,15 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
                 names[f"{expert}gate_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(0, f)))
                 names[f"{expert}up_proj.weight"] = ((*moe, "gate_up"), True, (j, whole, slice(f, 2 * f)))
                 names[f"{expert}down_proj.weight"] = ((*moe, "down"), True, (j,))
+        if cfg.is_moe(i) and cfg.moe.router == "sigmoid_group":
+            names[f"{hf}mlp.gate.e_score_correction_bias"] = ((*ours, "moe", "router_correction"), False)
         if cfg.is_moe(i) and cfg.moe.shared_expert_size:
             shared = (*ours, "moe", "shared_expert")
+            hf_shared = f"{hf}mlp.shared_expert." if cfg.moe.shared_expert_gated else f"{hf}mlp.shared_experts."
             for p in ("gate", "up", "down"):
-                names[f"{hf}mlp.shared_expert.{p}_proj.weight"] = ((*shared, f"{p}_proj"), True)
-            names[f"{hf}mlp.shared_expert_gate.weight"] = ((*ours, "moe", "shared_expert_gate"), True)
+                names[f"{hf_shared}{p}_proj.weight"] = ((*shared, f"{p}_proj"), True)
+            if cfg.moe.shared_expert_gated:
+                names[f"{hf}mlp.shared_expert_gate.weight"] = ((*ours, "moe", "shared_expert_gate"), True)
     return names
 
 
@@ -508,6 +612,11 @@ def is_extra(cfg: TargetConfig, name: str) -> bool:
     skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
     vision = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
     skipped |= cfg.family == "gemma3" and name.startswith(vision)
+    kimi = ("vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector.")
+    skipped |= cfg.family == "deepseek_v3" and name.startswith(kimi)
+    if cfg.family in ("deepseek_v3", "glm4_moe"):  # multi-token-prediction layers, numbered past the last layer
+        layer = re.match(r"(?:model\.|model\.language_model\.|language_model\.model\.)layers\.(\d+)\.", name)
+        skipped |= layer is not None and int(layer.group(1)) >= cfg.num_layers
     return skipped or name.endswith("rotary_emb.inv_freq")
 
 
@@ -522,6 +631,28 @@ def _attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[
         names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
     if cfg.attention_sinks:
         names[f"{hf}sinks"] = ((*ours, "sinks"), False)
+    return names
+
+
+def _latent_attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    """MLA (``target.LatentAttention``): ``q_a_proj``, ``q_a_layernorm``, ``q_b_proj`` (or ``q_proj``),
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``."""
+    names = {f"{hf}kv_a_proj_with_mqa.weight": ((*ours, "kv_a_proj"), True)}
+    names[f"{hf}kv_a_layernorm.weight"] = ((*ours, "kv_a_norm", "scale"), False)
+    names[f"{hf}kv_b_proj.weight"] = ((*ours, "kv_b_proj"), True)
+    names[f"{hf}o_proj.weight"] = ((*ours, "o_proj"), True)
+    if cfg.latent.q_lora_rank:
+        names[f"{hf}q_a_proj.weight"] = ((*ours, "q_a_proj"), True)
+        names[f"{hf}q_a_layernorm.weight"] = ((*ours, "q_a_norm", "scale"), False)
+        names[f"{hf}q_b_proj.weight"] = ((*ours, "q_b_proj"), True)
+    else:
+        names[f"{hf}q_proj.weight"] = ((*ours, "q_proj"), True)
+    if cfg.qkv_bias:
+        names[f"{hf}kv_a_proj_with_mqa.bias"] = ((*ours, "kv_a_proj_bias"), False)
+        if cfg.latent.q_lora_rank:
+            names[f"{hf}q_a_proj.bias"] = ((*ours, "q_a_proj_bias"), False)
+    if cfg.o_bias:
+        names[f"{hf}o_proj.bias"] = ((*ours, "o_proj_bias"), False)
     return names
 
 

@@ -171,14 +171,15 @@ def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None
 
     Args:
       q: ``[B, T, H, D]`` queries (not yet scaled: ``scale`` is applied here).
-      k, v: ``[B, S, KV, D]`` keys and values, ``H % KV == 0``.
+      k, v: ``[B, S, KV, D]`` keys and ``[B, S, KV, Dv]`` values, ``H % KV == 0``.
       mask: bool, broadcastable to ``[B, T, S]``; True where the query may see the key.
       sinks: optional ``[H]`` attention-sink logits (gpt-oss): one extra key per head that every
         query sees, with no value; it joins the softmax's denominator and is then dropped.
       scale: the logits' scale, ``1/sqrt(D)`` when None (Gemma 3: ``query_pre_attn_scalar ** -0.5``).
 
     Returns:
-      ``[B, T, H, D]`` in ``q.dtype``; logits and softmax in float32.
+      ``[B, T, H, Dv]`` (``Dv``: the values' size, ``D`` but for MLA's latent values) in ``q.dtype``;
+      logits and softmax in float32.
     """
     b, t, h, d = q.shape
     kv = k.shape[2]
@@ -193,4 +194,4 @@ def attend(q: Array, k: Array, v: Array, mask: Array, sinks: Array | None = None
         probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
     probs = probs.astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
+    return out.reshape(b, t, h, v.shape[-1])

@@ -43,6 +43,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
+    ("latent", None),  # MLA's compressed latent (kv_lora_rank, q_lora_rank): small, read by every head
     ("expert", "expert"),
     ("norm", None),
     ("taps", None),

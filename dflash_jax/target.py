@@ -1,11 +1,14 @@
 """The target model in Flax linen, with an explicit KV cache: Llama, Qwen2, Qwen3 (dense),
 Qwen3-MoE and gpt-oss (mixture of experts), Qwen3.5 and Qwen3.5-MoE (hybrid: Gated DeltaNet
 layers, ``deltanet.py``, among gated full attention), Gemma 3 (sliding and global layers with their
-own RoPE, GeGLU, norms around each sublayer, scaled embeddings).
+own RoPE, GeGLU, norms around each sublayer, scaled embeddings), DeepSeek-V3 / Kimi-K2 (multi-head
+latent attention, ``LatentAttention``; a sigmoid, group-limited router) and GLM-4.5 (that router on
+grouped-query attention).
 
-Read top to bottom: ``MoEConfig`` and ``TargetConfig``, ``Attention`` (grouped-query; sliding
-window and attention sinks for gpt-oss), ``MoE`` (router and experts as one grouped matmul, a gated
-shared expert), ``DecoderLayer``, ``Target``, then the KV-cache and parameter helpers. The model
+Read top to bottom: ``MoEConfig``, ``LatentConfig`` and ``TargetConfig``, ``Attention`` (grouped-query;
+sliding window and attention sinks for gpt-oss), ``LatentAttention`` (MLA, the cache holding the
+compressed latent), ``MoE`` (router and experts as one grouped matmul, shared experts), ``DecoderLayer``,
+``Target``, then the KV-cache and parameter helpers. The model
 only: a Hugging Face ``config.json`` and tensor names are read in ``hf_format.py``.
 
 KV cache convention: one ``(k, v)`` pair per layer, each ``[B, S, KV, D]`` with a
@@ -48,7 +51,15 @@ class MoEConfig:
     ``(up + 1) * gate * sigmoid(swiglu_alpha * gate)``, biased). ``layers``: the decoder layers that
     use experts (the others keep the dense SwiGLU of ``intermediate_size``). ``shared_expert_size``:
     when nonzero, every token also goes through one shared SwiGLU expert of that width, scaled by
-    ``sigmoid(x @ shared_expert_gate)`` (Qwen3.5-MoE's ``Qwen3NextSparseMoeBlock``).
+    ``sigmoid(x @ shared_expert_gate)`` (Qwen3.5-MoE's ``Qwen3NextSparseMoeBlock``), or unscaled where
+    ``shared_expert_gated`` is false (DeepSeek-V3's ``shared_experts``, of width ``n_shared_experts *
+    moe_intermediate_size``).
+
+    ``router="sigmoid_group"`` (DeepSeek-V3, GLM-4.5: ``DeepseekV3TopkRouter``): each expert's score is
+    ``sigmoid(logit)``; the choice adds a learned correction bias (``router_correction``, for choosing
+    only), keeps the ``topk_groups`` of ``num_groups`` expert groups whose two best scores sum highest,
+    and takes the top k inside them; the weights are the chosen experts' scores (without the bias),
+    renormalised when ``norm_topk_prob``, times ``routed_scaling``.
     """
 
     num_experts: int
@@ -62,6 +73,10 @@ class MoEConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     shared_expert_size: int = 0
+    shared_expert_gated: bool = True
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +89,23 @@ class LinearAttentionConfig:
     head_k_dim: int
     head_v_dim: int
     conv_kernel: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentConfig:
+    """DeepSeek-V3's multi-head latent attention (``LatentAttention``): the query through a low-rank
+    ``q_lora_rank`` bottleneck (0: one ``q_proj``), keys and values from one compressed latent of
+    ``kv_lora_rank`` per token plus one shared rotary key of ``qk_rope_head_dim``; each head's query and
+    key have ``qk_nope_head_dim`` dims without RoPE and ``qk_rope_head_dim`` with, its value
+    ``v_head_dim``. ``rope_interleave``: the rotary dims are stored in interleaved pairs (the released
+    checkpoints; transformers' ``rope_interleave``)."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
 
 
 # Fields added after format 1: they enter a checkpoint's config hash only when they differ from
@@ -94,6 +126,7 @@ _LATER_FIELDS = (
     "attn_scale",
     "local_rope_theta",
     "final_logit_softcap",
+    "latent",
 )
 
 
@@ -134,6 +167,7 @@ class TargetConfig:
     attn_scale: float = 0.0  # the attention logits' scale; 0 = head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
     local_rope_theta: float = 0.0  # Gemma: the sliding layers' RoPE base (plain RoPE); 0 = the global layers' RoPE
     final_logit_softcap: float = 0.0  # Gemma 2/4 style: logits = cap * tanh(logits / cap); 0 = none
+    latent: LatentConfig | None = None  # DeepSeek-V3: every layer's attention is MLA (head_dim: its rotary dims)
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -156,8 +190,11 @@ class TargetConfig:
         for name in _LATER_FIELDS:
             if getattr(self, name) == defaults[name]:
                 fields.pop(name)
-        if self.moe is not None and not self.moe.shared_expert_size:  # added after the first MoE targets
-            fields["moe"].pop("shared_expert_size")
+        if self.moe is not None:  # fields added after the first MoE targets, kept out at their defaults
+            defaults = {f.name: f.default for f in dataclasses.fields(MoEConfig)}
+            for name in ("shared_expert_size", "shared_expert_gated", "num_groups", "topk_groups", "routed_scaling"):
+                if getattr(self.moe, name) == defaults[name]:
+                    fields["moe"].pop(name)
         return fields
 
     @property
@@ -224,19 +261,7 @@ class Attention(nn.Module):
         q, k = rotate(q, positions, cfg, self.sliding), rotate(k, positions, cfg, self.sliding)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
 
-        if cache is None:  # plain causal forward over the block itself
-            keys, values, key_pos = k, v, positions
-            new_cache = None
-        else:  # write the block at its positions, then attend over the whole cache
-            keys = write_block(cache[0], k, positions[:, 0])
-            values = write_block(cache[1], v, positions[:, 0])
-            keys = nn.with_logical_constraint(keys, ("batch", "cache_length", "act_kv_heads", None))
-            values = nn.with_logical_constraint(values, ("batch", "cache_length", "act_kv_heads", None))
-            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
-            new_cache = (keys, values)
-        mask = key_pos[:, None, :] <= positions[:, :, None]
-        if tree is not None:  # a tree block: slot start + t holds token t; each sees the cache and its ancestors
-            mask, key_pos = tree_mask(tree, positions, keys.shape[1])
+        (keys, values), key_pos, mask, new_cache = over_cache(cache, (k, v), positions, tree, "act_kv_heads")
         if self.sliding:
             mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
         sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
@@ -248,6 +273,87 @@ class Attention(nn.Module):
         if cfg.o_bias:
             out = out + param(self, "o_bias", (d,), ("embed",), zeros).astype(dt)
         return out, new_cache
+
+
+def over_cache(
+    cache: tuple[Array, ...] | None, block: tuple[Array, ...], positions: Array, tree: Array | None, heads_axis
+):
+    """What a block's queries attend over: ``(entries, key_pos [B, S], mask bool [B, T, S], new_cache)``.
+
+    Without a cache the block's own ``block`` entries (each ``[B, T, ...]``), causal, and no new
+    cache; with one, every entry written at the block's positions into its cache array (``[B, S,
+    ...]``, slot = position) and the block seeing every slot up to its own position, or, for a
+    tree block, the committed slots and its ancestors (``tree_mask``). ``heads_axis``: the logical
+    name of the entries' third axis (``"act_kv_heads"``; None for MLA's one latent)."""
+    if cache is None:  # plain causal forward over the block itself
+        return block, positions, positions[:, None, :] <= positions[:, :, None], None
+    axes = ("batch", "cache_length", heads_axis, None)
+    full = tuple(nn.with_logical_constraint(write_block(c, b, positions[:, 0]), axes) for c, b in zip(cache, block))
+    key_pos = jnp.broadcast_to(jnp.arange(full[0].shape[1]), full[0].shape[:2])
+    mask = key_pos[:, None, :] <= positions[:, :, None]
+    if tree is not None:  # a tree block: slot start + t holds token t; each sees the cache and its ancestors
+        mask, key_pos = tree_mask(tree, positions, full[0].shape[1])
+    return full, key_pos, mask, full
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3's MLA, transformers' ``DeepseekV3Attention``), computed
+    in its absorbed form over a cache of latents.
+
+    Per token the cache holds the normed compressed latent ``c`` ``[kv_lora_rank]`` and the shared
+    rotary key ``k_r`` ``[qk_rope_head_dim]`` (one "head", as serving engines cache it), never per-head
+    keys and values. Head h's key is ``[c @ W_uk[h], k_r]`` and its value ``c @ W_uv[h]`` (``kv_b_proj``
+    split), so its score ``q_nope[h] . (c @ W_uk[h]) + q_rope[h] . k_r`` equals ``(W_uk[h] @ q_nope[h]) . c
+    + q_rope[h] . k_r``: the query is moved into latent space, attention runs as one key/value head of
+    ``kv_lora_rank + qk_rope_head_dim`` (values: the latent), and ``W_uv`` maps each head's output back.
+    The same function as transformers' (which expands the keys and values), summed in another order.
+    Scores scaled by ``cfg.attn_scale`` (``qk_head_dim ** -0.5``, times YaRN's ``mscale_all_dim`` factor
+    squared)."""
+
+    cfg: TargetConfig
+
+    @nn.compact
+    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None, tree: Array | None = None):
+        cfg, lat, dt = self.cfg, self.cfg.latent, self.cfg.compute_dtype
+        d, h = cfg.hidden_size, cfg.num_heads
+        dn, dr, dv, r = lat.qk_nope_head_dim, lat.qk_rope_head_dim, lat.v_head_dim, lat.kv_lora_rank
+        zeros = nn.initializers.zeros
+
+        def linear(inp, name, shape, axes, bias=False):
+            out = inp @ param(self, name, shape, axes).astype(dt)
+            if bias:
+                out = out + param(self, f"{name}_bias", shape[-1:], axes[-1:], zeros).astype(dt)
+            return out
+
+        if lat.q_lora_rank:  # the query through its own low-rank bottleneck
+            q = linear(x, "q_a_proj", (d, lat.q_lora_rank), ("embed", "latent"), cfg.qkv_bias)
+            q = RMSNorm(cfg.rms_norm_eps, "latent", name="q_a_norm")(q)
+            q = linear(q, "q_b_proj", (lat.q_lora_rank, h * (dn + dr)), ("latent", "heads"))
+        else:
+            q = linear(x, "q_proj", (d, h * (dn + dr)), ("embed", "heads"))
+        q_nope, q_rope = jnp.split(q.reshape(*x.shape[:2], h, dn + dr), [dn], axis=-1)
+        kv = linear(x, "kv_a_proj", (d, r + dr), ("embed", "latent"), cfg.qkv_bias)
+        latent, k_rope = jnp.split(kv[:, :, None, :], [r], axis=-1)  # [B, T, 1, r], [B, T, 1, dr]
+        latent = RMSNorm(cfg.rms_norm_eps, "latent", name="kv_a_norm")(latent)
+        if lat.rope_interleave:  # pairs (x0, x1), (x2, x3), ... -> rotate_half's halves, for q and k alike
+            q_rope, k_rope = _deinterleave(q_rope), _deinterleave(k_rope)
+        q_rope, k_rope = rotate(q_rope, positions, cfg), rotate(k_rope, positions, cfg)
+
+        (latents, k_ropes), _, mask, new_cache = over_cache(cache, (latent, k_rope), positions, tree, None)
+        kv_b = param(self, "kv_b_proj", (r, h * (dn + dv)), ("latent", "heads")).astype(dt).reshape(r, h, dn + dv)
+        w_uk, w_uv = kv_b[..., :dn], kv_b[..., dn:]
+        query = jnp.concatenate([jnp.einsum("bthn,rhn->bthr", q_nope, w_uk), q_rope], axis=-1)
+        query = nn.with_logical_constraint(query, ("batch", "length", "act_heads", None))
+        keys = jnp.concatenate([latents.astype(dt), k_ropes.astype(dt)], axis=-1)  # [B, S, 1, r + dr]
+        out = attend(query, keys, latents.astype(dt), mask, None, cfg.attn_scale or None)  # [B, T, h, r]
+        out = jnp.einsum("bthr,rhv->bthv", out, w_uv).reshape(*x.shape[:2], h * dv)
+        return linear(out, "o_proj", (h * dv, d), ("heads", "embed"), cfg.o_bias), new_cache
+
+
+def _deinterleave(x: Array) -> Array:
+    """``[..., D]`` with the rotary dims in interleaved pairs -> ``[even dims | odd dims]`` (the layout
+    ``rotate_half`` RoPE rotates; transformers' ``apply_rotary_pos_emb_interleave`` computes the same)."""
+    return jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
 
 
 class MoE(nn.Module):
@@ -279,7 +385,10 @@ class MoE(nn.Module):
         )
         if moe.router_bias:
             logits = logits + param(self, "router_bias", (e,), (None,), zeros)
-        if moe.router == "softmax_topk":
+        if moe.router == "sigmoid_group":
+            correction = param(self, "router_correction", (e,), (None,), zeros)
+            weights, experts = group_limited_topk(jax.nn.sigmoid(logits), correction, moe)
+        elif moe.router == "softmax_topk":
             weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
             if moe.norm_topk_prob:
                 weights = weights / weights.sum(-1, keepdims=True)
@@ -310,9 +419,38 @@ class MoE(nn.Module):
         combined = jnp.zeros_like(tokens).at[order // k].add(out)
         if moe.shared_expert_size:
             shared = SwiGLU(d, moe.shared_expert_size, dt, name="shared_expert")(x).reshape(-1, d)
-            gate = jnp.matmul(tokens, param(self, "shared_expert_gate", (d, 1), ("embed", None)).astype(dt))
-            combined = combined + jax.nn.sigmoid(gate) * shared
+            if moe.shared_expert_gated:
+                gate = jnp.matmul(tokens, param(self, "shared_expert_gate", (d, 1), ("embed", None)).astype(dt))
+                shared = jax.nn.sigmoid(gate) * shared
+            combined = combined + shared
         return combined.reshape(x.shape)
+
+
+def group_limited_topk(scores: Array, correction: Array, moe: MoEConfig) -> tuple[Array, Array]:
+    """DeepSeek-V3's choice of experts (``DeepseekV3TopkRouter``; ``MoEConfig``'s ``sigmoid_group``).
+
+    Args:
+      scores: float32 ``[N, E]``, each expert's sigmoid score.
+      correction: float32 ``[E]``, the bias added to the scores for choosing (never to the weights).
+
+    Returns:
+      ``(weights float32 [N, k], experts int32 [N, k])``: the experts chosen among the ``topk_groups``
+      groups whose two best corrected scores sum highest, and their scores, renormalised (``+ 1e-20``)
+      when ``norm_topk_prob``, times ``routed_scaling``.
+    """
+    n, e = scores.shape
+    g = moe.num_groups
+    choice = scores + correction
+    grouped = choice.reshape(n, g, e // g)
+    group_scores = jax.lax.top_k(grouped, min(2, e // g))[0].sum(-1)  # [N, G]
+    _, kept = jax.lax.top_k(group_scores, moe.topk_groups)
+    in_kept = jnp.any(kept[:, :, None] == jnp.arange(g), axis=1)  # [N, G]
+    choice = jnp.where(jnp.repeat(in_kept, e // g, axis=1), choice, -jnp.inf)
+    _, experts = jax.lax.top_k(choice, moe.experts_per_token)
+    weights = jnp.take_along_axis(scores, experts, axis=1)
+    if moe.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    return weights * moe.routed_scaling, experts
 
 
 def tree_mask(tree: Array, positions: Array, cache_len: int) -> tuple[Array, Array]:
@@ -371,6 +509,8 @@ class DecoderLayer(nn.Module):
                     "recurrent state has no per-node copy for the branches; verify one chain (--tree off)"
                 )
             attn, cache = mixer(norm, cache, lengths)
+        elif cfg.latent is not None:
+            attn, cache = LatentAttention(cfg, name="attn")(norm, positions, cache, tree)
         else:
             attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache, tree)
         if cfg.sandwich_norms:  # Gemma: each sublayer's output normed before its residual add
@@ -474,11 +614,19 @@ def write_block(buf: Array, block: Array, start: Array) -> Array:
 
 def init_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """Empty cache: per attention layer a ``(k, v)`` pair of zeros ``[batch, max_len, KV, head_dim]``;
-    per linear-attention layer a zero ``deltanet.LinearState``."""
+    per latent-attention (MLA) layer ``(latent, rotary key)`` zeros ``[batch, max_len, 1, kv_lora_rank]``
+    and ``[batch, max_len, 1, qk_rope_head_dim]``; per linear-attention layer a zero
+    ``deltanet.LinearState``."""
     dtype = dtype or cfg.compute_dtype
     shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
     cache = []
     for i in range(cfg.num_layers):
+        if cfg.latent is not None:
+            lat = cfg.latent
+            cache.append(
+                tuple(jnp.zeros((batch, max_len, 1, n), dtype) for n in (lat.kv_lora_rank, lat.qk_rope_head_dim))
+            )
+            continue
         if cfg.is_linear(i):
             lin = cfg.linear
             channels = 2 * lin.num_k_heads * lin.head_k_dim + lin.num_v_heads * lin.head_v_dim

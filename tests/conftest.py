@@ -26,7 +26,7 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
-    from helpers import GEMMA3, LLAMA3_ROPE, make_hf_model
+    from helpers import DEEPSEEK_V3, GEMMA3, GLM4_MOE, LLAMA3_ROPE, make_hf_model
 
     from dflash_jax import checkpoint
 
@@ -58,6 +58,8 @@ def tiny_models(tmp_path_factory):
             shared_expert_intermediate_size=48,
         ),
         "gemma3": GEMMA3,
+        "deepseek_v3": DEEPSEEK_V3,
+        "glm4_moe": GLM4_MOE,
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")

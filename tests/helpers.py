@@ -41,7 +41,8 @@ def tiny_tokenizer(vocab_size: int):
 
 
 def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **overrides):
-    """Save a random tiny ``family`` model (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe, gemma3)
+    """Save a random tiny ``family`` model (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe, gemma3,
+    deepseek_v3, glm4_moe)
     with a tokenizer to ``folder``.
 
     Weights are drawn with std 0.2 by default (not HF's 0.02) so logits are far from uniform
@@ -60,6 +61,8 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
         "qwen3_5": transformers.Qwen3_5TextConfig,
         "qwen3_5_moe": transformers.Qwen3_5MoeTextConfig,
         "gemma3": transformers.Gemma3TextConfig,
+        "deepseek_v3": transformers.DeepseekV3Config,
+        "glm4_moe": transformers.Glm4MoeConfig,
     }[family]
     if family == "qwen3_5_moe":  # every layer has experts: the config has no dense intermediate_size
         kw.pop("intermediate_size")
@@ -74,6 +77,9 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(std * torch.randn_like(p))
+        for name, b in model.named_buffers():  # DeepSeek-V3's router correction (a saved buffer, zero at init)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
     model.save_pretrained(folder, safe_serialization=True)
     tiny_tokenizer(kw["vocab_size"]).save_pretrained(folder)
     return model
@@ -105,6 +111,46 @@ GEMMA3 = dict(
     query_pre_attn_scalar=24,
     final_logit_softcapping=30.0,
     rope_scaling={"rope_type": "linear", "factor": 4.0},
+)
+
+# DeepSeek-V3: multi-head latent attention (query rank 24, latent 16, 8 + 8 query/key dims of which 8
+# rotary, interleaved; values of 12), YaRN with mscale_all_dim (the attention scale's factor), one dense
+# layer then 8 experts in 4 groups (2 kept, 2 experts a token), a shared expert, routed scaling 2.5
+DEEPSEEK_V3 = dict(
+    num_key_value_heads=4,
+    head_dim=8,  # transformers' RoPE reads head_dim, which DeepseekV3Config means to be qk_rope_head_dim
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+)
+# GLM-4.5: grouped-query attention with half the head rotary, q/k norms, q/k/v biases; one dense layer
+# then 8 experts in 2 groups (1 kept), a shared expert
+GLM4_MOE = dict(
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=1,
+    use_qk_norm=True,
+    attention_bias=True,
+    routed_scaling_factor=1.5,
 )
 
 TINY_REL = 2e-5  # tiny random float32 models: about 5x the worst measured

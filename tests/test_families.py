@@ -1,6 +1,7 @@
 """The target families beyond the dense Llama / Qwen ones in the decoder, on a mesh and through the CLI:
 mixture of experts (Qwen3-MoE, gpt-oss), the hybrid Qwen3.5-MoE (Gated DeltaNet + gated attention,
-experts) and Gemma 3 (sliding and global layers with their own RoPE, sandwich norms, GeGLU).
+experts), Gemma 3 (sliding and global layers with their own RoPE, sandwich norms, GeGLU), DeepSeek-V3
+(latent attention, a sigmoid group-limited router, shared experts, dense first layers) and GLM-4.5.
 
 Their parity with transformers (logits, cached blocks, padding, the hybrid's rollback) is in
 ``test_target.py``. Every rejected draft token below is one the hybrid's commit must keep out of
@@ -10,7 +11,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import TINY_REL, OracleDraft, assert_close, expected_rounds, oracle_params
+from helpers import DEEPSEEK_V3, GLM4_MOE, TINY_REL, OracleDraft, assert_close, expected_rounds, oracle_params
 
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
@@ -24,7 +25,8 @@ from dflash_jax.train_step import sharded_step, train_step
 # Qwen3.5-MoE (two layers: one Gated DeltaNet, one gated attention; experts and a shared expert in both)
 # stands for the hybrids here: its rollback is the dense Qwen3.5's, whose batched decoding is
 # compared with transformers' generate in test_decode.py
-FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3"]
+# GLM-4.5 (grouped-query attention, partial RoPE, DeepSeek-V3's router) is here through the CLI only
+FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3", "deepseek_v3"]
 
 
 def _load(tiny_models, family):
@@ -102,7 +104,7 @@ def test_a_mesh_gives_the_same_logits(family_target, shape):
     mesh = make_mesh(shape)
     sharded = checkpoint.load_target(path, mesh=mesh).params
     if ck.cfg.moe is not None:
-        gate_up = sharded["layers_0"]["moe"]["gate_up"]
+        gate_up = sharded[f"layers_{ck.cfg.moe.layers[0]}"]["moe"]["gate_up"]
         assert gate_up.sharding.spec[0] == "expert" and len(gate_up.sharding.device_set) == 8
     else:
         assert any(sharded["layers_0"]["attn"]["q_proj"].sharding.spec) or shape == (1, 1, 1, 8)
@@ -140,6 +142,8 @@ CLI_FAMILIES = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
     "qwen3_5": LINEAR,
     "gemma3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2),
+    "deepseek_v3": DEEPSEEK_V3,
+    "glm4_moe": GLM4_MOE,
 }  # (Qwen3.5-MoE's tiny folder loads its word-level tokenizer as one that encodes "t10" to nothing)
 
 
@@ -158,7 +162,7 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
     make_hf_model(family, hf_dir, **CLI_FAMILIES[family])
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
     ck = checkpoint.load_target(tmp_path / "ck")
-    assert ck.cfg.family == family and (ck.cfg.moe is not None) == family.endswith(("moe", "oss"))
+    assert ck.cfg.family == family and (ck.cfg.moe is not None) == family.endswith(("moe", "oss", "v3"))
     assert (ck.cfg.linear is not None) == family.startswith("qwen3_5")
     records = []
     for drafter in ("none", "random"):

@@ -17,7 +17,8 @@ def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
     return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "gemma3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "gemma3", "deepseek_v3"]
+FAMILIES += ["glm4_moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -48,10 +49,11 @@ def test_taps_are_raw_layer_outputs(tiny_models):
     assert_close(np.asarray(feats)[..., d:], hs[3].numpy(), TINY_REL)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3"])
 def test_cached_blocks_equal_full_forward(tiny_models, family):
     """Blocks on top of the cache give the full forward's logits (gpt-oss, Gemma 3: sliding window 8,
-    so blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits)."""
+    so blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits;
+    DeepSeek-V3: the latent cache)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
@@ -72,7 +74,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3"])
 def test_padding_changes_no_sequence(tiny_models, family):
     """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
     on which tokens share an expert), in the padded prefill and in the block after it (Qwen3.5: the
@@ -213,7 +215,7 @@ def test_defaults_of_a_minimal_hybrid_config_are_transformers(family):
         assert ours.moe is None and ours.intermediate_size == 48
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "deepseek_v3"])
 def test_fused_expert_checkpoint_loads(tmp_path, tiny_models, family):
     """transformers 5's fused expert layout (``save_original_format=False``) loads like the per-expert one."""
     hf, hf_dir, path = tiny_models[family]
@@ -223,12 +225,14 @@ def test_fused_expert_checkpoint_loads(tmp_path, tiny_models, family):
             (tmp_path / "fused" / name).write_bytes((hf_dir / name).read_bytes())
     from safetensors import safe_open
 
+    layer = checkpoint.load_target(path).cfg.moe.layers[0]  # DeepSeek-V3: a dense layer first
     with safe_open(str(next((tmp_path / "fused").glob("*.safetensors"))), "numpy") as f:
-        assert "model.layers.0.mlp.experts.gate_up_proj" in f.keys()
+        assert f"model.layers.{layer}.mlp.experts.gate_up_proj" in f.keys()
     fused = checkpoint.load_hf_params(tmp_path / "fused", checkpoint.load_target(path).cfg)
     per_expert = checkpoint.load_target(path).params
     for name in ("gate_up", "down"):
-        np.testing.assert_array_equal(fused["layers_0"]["moe"][name], np.asarray(per_expert["layers_0"]["moe"][name]))
+        want = np.asarray(per_expert[f"layers_{layer}"]["moe"][name])
+        np.testing.assert_array_equal(fused[f"layers_{layer}"]["moe"][name], want)
 
 
 def test_rejected_tokens_leave_no_trace_in_the_recurrent_state(tiny_models):
@@ -352,3 +356,65 @@ def test_multimodal_gemma3_checkpoint_converts_to_its_language_model(tmp_path):
     model.save_pretrained(tmp_path / "v5", save_original_format=False)  # model.language_model.*
     v5 = checkpoint.load_hf_params(tmp_path / "v5", ck.cfg)
     np.testing.assert_array_equal(v5["layers_1"]["attn"]["q_proj"], np.asarray(ck.params["layers_1"]["attn"]["q_proj"]))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_defaults_of_a_minimal_grouped_router_config_are_transformers(family):
+    """DeepSeek-V3 and GLM-4.5 config.json files that leave fields out read as transformers' config
+    classes fill them in: latent ranks and head dims, the dense first layers, the router's groups and
+    scaling, the shared experts' width, the partial RoPE."""
+    import transformers
+
+    minimal = {"model_type": family, "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 5}
+    minimal["num_attention_heads"] = 8  # GLM-4.5 defaults to 8 key/value heads
+    ours = hf_format.read_config(minimal)
+    theirs = transformers.AutoConfig.for_model(**minimal)
+    moe = ours.moe
+    assert (moe.num_experts, moe.experts_per_token) == (theirs.n_routed_experts, theirs.num_experts_per_tok)
+    assert moe.layers == tuple(range(theirs.first_k_dense_replace, 5)) and not moe.shared_expert_gated
+    assert moe.shared_expert_size == theirs.n_shared_experts * theirs.moe_intermediate_size
+    assert (moe.num_groups, moe.topk_groups) == (theirs.n_group, theirs.topk_group)
+    assert moe.routed_scaling == theirs.routed_scaling_factor and moe.norm_topk_prob == theirs.norm_topk_prob
+    assert ours.intermediate_size == theirs.intermediate_size and ours.rms_norm_eps == theirs.rms_norm_eps
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"] and ours.tie_word_embeddings is False
+    if family == "deepseek_v3":
+        lat = ours.latent
+        assert (lat.q_lora_rank, lat.kv_lora_rank) == (theirs.q_lora_rank, theirs.kv_lora_rank)
+        assert (lat.qk_nope_head_dim, lat.qk_rope_head_dim) == (theirs.qk_nope_head_dim, theirs.qk_rope_head_dim)
+        assert lat.v_head_dim == theirs.v_head_dim and lat.rope_interleave == theirs.rope_interleave
+        assert ours.head_dim == theirs.head_dim and ours.attn_scale == theirs.qk_head_dim**-0.5
+        no_q_rank = hf_format.read_config({**minimal, "q_lora_rank": None})
+        assert no_q_rank.latent.q_lora_rank == 0
+    else:
+        assert ours.latent is None and ours.num_kv_heads == theirs.num_key_value_heads
+        assert ours.partial_rotary_factor == theirs.rope_parameters["partial_rotary_factor"] == 0.5
+        assert ours.qk_norm == theirs.use_qk_norm and ours.qkv_bias == theirs.attention_bias and not ours.o_bias
+    with pytest.raises(ConfigError, match="n_group .3. must divide n_routed_experts"):
+        hf_format.read_config({**minimal, "n_routed_experts": 8, "n_group": 3})
+
+
+def test_multimodal_kimi_k25_checkpoint_converts_to_its_language_model(tmp_path):
+    """A Kimi-K2.5 checkpoint (a DeepSeek-V3 language model beside a vision tower and projector): the
+    target is the language model, equal to transformers' forward on text; the vision weights are skipped."""
+    import torch
+    import transformers
+    from helpers import DEEPSEEK_V3, tiny_tokenizer
+
+    text = dict(TINY, **DEEPSEEK_V3, model_type="deepseek_v3")
+    vision = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16, num_attention_heads=2)
+    vision.update(pos_emb_height=4, pos_emb_width=4, pos_emb_time=1)
+    config = transformers.Kimi_K25Config(text_config=text, vision_config=vision, projection_hidden_size=16)
+    torch.manual_seed(0)
+    model = transformers.Kimi_K25ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    # transformers 5.24 saves this model's decoder layers as language_model.model.blocks.* in the original
+    # format (its Kimi-K2.5 renames reversed past the vision tower): its in-memory layout is used instead
+    model.save_pretrained(tmp_path / "hf", save_original_format=False)
+    tiny_tokenizer(TINY["vocab_size"]).save_pretrained(tmp_path / "hf")
+    ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / "hf", tmp_path / "ck"))
+    assert ck.cfg.family == "deepseek_v3" and ck.cfg.latent is not None and ck.cfg.tie_word_embeddings
+    tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
+    ours, _, _ = _forward(ck, tokens)
+    assert_close(ours, hf_logits(model, tokens), TINY_REL)

@@ -100,7 +100,7 @@ def test_bad_budgets_are_refused():
         build_tree(np.zeros((1, 2, 3), np.float32), 0)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe", "gemma3", "deepseek_v3"])
 def test_a_tree_block_gives_each_node_the_logits_of_its_own_path(tiny_models, family):
     """One verify of a tree block (``Target(tree=...)``: slots by node, positions by depth, each node
     seeing the cache and its ancestors) gives every node the target's logits after its own path,
@@ -248,16 +248,25 @@ def test_the_ancestor_mask_and_the_walk_follow_the_parents():
 
 # --- trees in the decoding loop ---
 
-FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe", "gemma3"]  # dense; sliding window with sinks; experts; Gemma 3
+FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe"]  # dense; sliding window with sinks; mixture of experts
+LATER = ["gemma3", "deepseek_v3"]  # its own RoPE per layer kind; latent attention (latent rows compacted)
+_TARGETS = {}
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def target(request, tiny_models):
+def _target(tiny_models, family):
+    """``(checkpoint, plain Decoder)`` of a tiny family, made once per session."""
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
 
-    ck = checkpoint.load_target(tiny_models[request.param][2])
-    return ck, Decoder(ck.params, ck.cfg)
+    if family not in _TARGETS:
+        ck = checkpoint.load_target(tiny_models[family][2])
+        _TARGETS[family] = ck, Decoder(ck.params, ck.cfg)
+    return _TARGETS[family]
+
+
+@pytest.fixture(params=FAMILIES + LATER)
+def target(request, tiny_models):
+    return _target(tiny_models, request.param)
 
 
 def test_an_oracle_tree_accepts_its_second_branch_whole(target):
@@ -287,21 +296,30 @@ def test_an_oracle_tree_accepts_its_second_branch_whole(target):
     assert got[1].token_ids[-1] == stop
 
 
+TREE_CASES = [
+    (3, False, None, False),
+    (12, False, None, False),
+    (12, True, (1, 2, 5, 13), False),
+    (8, True, None, True),
+]
+
+
 @pytest.mark.parametrize(
-    "budget,ngram,widths,skip",
-    [(3, False, None, False), (12, False, None, False), (12, True, (1, 2, 5, 13), False), (8, True, None, True)],
+    "family,budget,ngram,widths,skip",
+    [(f, *case) for f in FAMILIES for case in TREE_CASES] + [(f, *TREE_CASES[2]) for f in LATER],
 )
-def test_random_drafter_trees_are_token_identical_to_plain(target, budget, ngram, widths, skip):
+def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, budget, ngram, widths, skip):
     """A random DFlash drafter's best-first trees (and prompt lookup's branch; a verify width chosen
     per round from costs): greedy output equals plain decoding, batch of 1 and a ragged batch of 4, at
-    the length limit and at a stop token."""
+    the length limit and at a stop token. The later families run the case with every part (the branch,
+    widths chosen per round)."""
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
     from dflash_jax.ngram import NgramStep
     from dflash_jax.speculation import make_plan
     from dflash_jax.tree_step import TreeStep
 
-    ck, plain = target
+    ck, plain = _target(tiny_models, family)
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     ngram_step = NgramStep(ngram_max=3) if ngram else None
     step = TreeStep(DraftStep(dcfg, ck.cfg), budget, ngram_step, min_match=1, skip_drafter=skip)
