@@ -184,8 +184,8 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
 
     Every tensor in the files must be one the config describes (``hf_format.param_names``): an
     extra layer's weights, say, would silently give another model. Two exceptions: tensors that
-    are not the target's (``hf_format.is_extra``: rotary ``inv_freq`` buffers, Qwen3.5's vision
-    tower and multi-token-prediction head) are skipped, and an ``lm_head.weight`` in a folder whose
+    are not the target's (``hf_format.is_extra``: rotary ``inv_freq`` buffers, vision towers,
+    multi-token-prediction heads and layers) are skipped, and an ``lm_head.weight`` in a folder whose
     config ties the embeddings is ignored with a warning (the tied head is the embedding, as
     transformers itself loads it).
 

@@ -418,3 +418,26 @@ def test_multimodal_kimi_k25_checkpoint_converts_to_its_language_model(tmp_path)
     tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
     ours, _, _ = _forward(ck, tokens)
     assert_close(ours, hf_logits(model, tokens), TINY_REL)
+
+
+def test_multi_token_prediction_layers_are_not_part_of_the_target(tmp_path, tiny_models):
+    """DeepSeek-V3's releases hold their multi-token-prediction layer as ``model.layers.<num_hidden_layers>``:
+    skipped (the target equals the folder without it); a Llama folder with such a layer is refused."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    for family, refused in (("deepseek_v3", False), ("llama", True)):
+        _, hf_dir, path = tiny_models[family]
+        shutil.copytree(hf_dir, tmp_path / family)
+        weights = next((tmp_path / family).glob("*.safetensors"))
+        tensors = load_file(weights)
+        tensors["model.layers.4.eh_proj.weight"] = np.ones((64, 128), np.float32)  # as DeepSeek-V3's MTP layer
+        save_file(tensors, weights, metadata={"format": "pt"})
+        if refused:
+            with pytest.raises(checkpoint.CheckpointError, match="model.layers.4.eh_proj.weight"):
+                checkpoint.convert_hf(tmp_path / family, tmp_path / f"{family}-ck")
+            continue
+        ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / family, tmp_path / f"{family}-ck"))
+        want = checkpoint.load_target(path).params
+        np.testing.assert_array_equal(ck.params["layers_3"]["attn"]["kv_b_proj"], want["layers_3"]["attn"]["kv_b_proj"])
