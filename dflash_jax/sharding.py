@@ -43,7 +43,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("head_dim", None),
-    ("latent", None),  # MLA's compressed latent (kv_lora_rank, q_lora_rank): small, read by every head
+    ("latent", "fsdp"),  # MLA's latent rank (kv_lora_rank, q_lora_rank) of q_b_proj, kv_b_proj: FSDP (where not embed)
     ("expert", "expert"),
     ("norm", None),
     ("taps", None),

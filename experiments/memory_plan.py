@@ -10,6 +10,12 @@ Targets (``--target``), frozen, bfloat16, at their real shapes:
   qwen3_5_9b           a Qwen3.5 9B language model (transformers' Qwen3_5TextConfig defaults: 32 layers,
                        width 4096, 24 Gated DeltaNet layers of 16 / 32 heads of 128, 8 gated attention
                        layers of 16 / 4 heads of 256, MLP 12288, vocab 248320)
+  gemma3_27b           Gemma 3 27B's language model (62 layers, width 5376, 32 / 16 heads of 128, five
+                       sliding layers (window 1024) to one global, MLP 21504, vocab 262208)
+  deepseek_v3          DeepSeek-V3 (671B: 61 layers, width 7168, 128 heads of latent attention (latent
+                       512, rotary 64), 3 dense layers then 256 experts of 2048, 8 per token in 4 of 8
+                       groups, one shared expert, vocab 129280); the same shape as Kimi-K2's language model
+                       but for 384 experts and 64 heads
 The drafter is the recipe's (5 layers, block 16, float32 master weights, bfloat16 compute, AdamW);
 one micro-batch of the recipe (8 sequences of 3072 tokens, 512 anchors each, anchors 32 at a time)
 is lowered and compiled for 8 simulated CPU devices arranged as (data, fsdp, tensor[, expert]).
@@ -131,11 +137,71 @@ QWEN3_5_9B = {
     "tie_word_embeddings": False,
 }
 
+# Gemma 3 27B's text config (google/gemma-3-27b-it's text_config, with transformers' defaults filled in)
+GEMMA3_27B = {
+    "model_type": "gemma3_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "query_pre_attn_scalar": 168,
+    "sliding_window": 1024,
+    "vocab_size": 262208,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "tie_word_embeddings": True,
+}
+
+# transformers' DeepseekV3Config defaults: DeepSeek-V3's shape (its release adds YaRN, factor 40)
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "routed_scaling_factor": 2.5,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "tie_word_embeddings": False,
+}
+
 TARGETS = {
     "qwen3_8b": QWEN3_8B,
     "qwen3_coder_30b_a3b": QWEN3_CODER_30B_A3B,
     "gpt_oss_20b": GPT_OSS_20B,
     "qwen3_5_9b": QWEN3_5_9B,
+    "gemma3_27b": GEMMA3_27B,
+    "deepseek_v3": DEEPSEEK_V3,
 }
 
 
@@ -150,9 +216,17 @@ def per_device_bytes(tree, shardings) -> int:
 
 
 def plan(
-    mesh_shape, micro_batch: int, seq_len: int, anchors: int, chunk: int, target: str = "qwen3_8b", compile_step=None
+    mesh_shape,
+    micro_batch: int,
+    seq_len: int,
+    anchors: int,
+    chunk: int,
+    target: str = "qwen3_8b",
+    compile_step=None,
+    params_only: bool = False,
 ) -> dict:
-    """One row: per-device GiB of target params, drafter params, AdamW state and (compiled) temporaries."""
+    """One row: per-device GiB of target params, drafter params, AdamW state and (compiled) temporaries
+    (``params_only``: the first three, exact from the sharding plan, nothing compiled)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -165,7 +239,9 @@ def plan(
     tcfg = hf_format.read_config(TARGETS[target], dtype="bfloat16")
     if compile_step is None:
         compile_step = tcfg.moe is None
-    dcfg = DrafterConfig.for_target(tcfg, num_layers=5, block_size=16, mask_token_id=151662, dtype="bfloat16")
+    dcfg = DrafterConfig.for_target(
+        tcfg, num_layers=5, block_size=16, mask_token_id=tcfg.vocab_size - 1, dtype="bfloat16"
+    )
     mesh = make_mesh(mesh_shape)
     target_params = checkpoint._abstract_params(tcfg, jnp.bfloat16, mesh)
     params = jax.eval_shape(lambda: init_drafter_params(dcfg))
@@ -187,6 +263,8 @@ def plan(
         "optimizer_gib": per_device_bytes(state, opt_sh) * gib,
     }
     stand_in = None
+    if params_only:
+        return row
     if not compile_step and tcfg.moe is not None:
         # activations of the MoE layers as sorted dispatch makes them: [tokens * k, 2F] -- what a dense
         # SwiGLU of width k * F holds; compile that stand-in (same attention, norms, vocabulary)
@@ -232,6 +310,7 @@ def main():
     ap.add_argument("--anchors", type=int, default=512)
     ap.add_argument("--anchor-chunk", type=int, default=32)
     ap.add_argument("--compile", action="store_true", help="compile the step for MoE targets too")
+    ap.add_argument("--params-only", action="store_true", help="parameter columns only (no compile; pod-sized meshes)")
     ap.add_argument("--out", default=None, help="JSON output (default docs/memory_plan[_TARGET].json)")
     args = ap.parse_args()
     out = args.out or ("docs/memory_plan.json" if args.target == "qwen3_8b" else f"docs/memory_plan_{args.target}.json")
@@ -248,6 +327,7 @@ def main():
                 args.anchor_chunk,
                 args.target,
                 args.compile or None,
+                args.params_only,
             )
         )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
