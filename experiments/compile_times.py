@@ -1,9 +1,9 @@
 """First-compile and steady-state times of each target family at tiny shapes (random weights, CPU).
 
 For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe, gemma3, deepseek_v3,
-glm4_moe; ``--families`` picks some) a tiny random model is built with transformers (4 layers, width 64, 8 experts of 32 with 2 per
-token for the MoE ones, three Gated DeltaNet layers and one gated attention layer for the Qwen3.5
-ones), converted,
+glm4_moe; ``--families`` picks some) a tiny random model is built with transformers (4 layers, width
+64, 8 experts of 32 with 2 per token for the MoE ones, three Gated DeltaNet layers and one gated
+attention layer for the Qwen3.5 ones, the tests' variants for the later ones), converted,
 and decoded: plain greedy (32 new tokens) and speculative with a random 1-layer drafter at block 4.
 The first call compiles the whole loop; the second one reuses it.
 
