@@ -289,8 +289,9 @@ def convert_hf(
 # ffn_{gate,up,down}_exps) nor the attention sinks, nor the 64-dim heads (measured on a tiny float32
 # gpt-oss GGUF in llama.cpp's layout); its gemma3 config mapping (``integrations/ggml.py``) reads one
 # RoPE base and no RoPE scaling, while Gemma 3 has a local and a global base and its 4B-27B releases
-# scale the global RoPE 8x
+# scale the global RoPE 8x; its gemma4 mapping reads no RoPE base at all
 GGUF_UNREADABLE = {
+    "gemma4": ("its RoPE bases", "its safetensors"),
     "gpt-oss": ("experts, attention sinks", "a bfloat16 copy of its MXFP4 weights"),
     "gemma3": ("the sliding layers' RoPE base, RoPE scaling", "its safetensors"),
 }

@@ -28,6 +28,7 @@ MULTIMODAL = {
     "qwen3_5": ("qwen3_5_text", False),
     "qwen3_5_moe": ("qwen3_5_moe_text", False),
     "gemma3": ("gemma3_text", True),
+    "gemma4": ("gemma4_text", True),
     "kimi_k25": ("deepseek_v3", True),  # Kimi-K2.5: a DeepSeek-V3 language model (its kimi_k2 text config)
 }
 
@@ -90,7 +91,9 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
             "read; save a bfloat16 copy with transformers (for mxfp4: from_pretrained(..., "
             "quantization_config=Mxfp4Config(dequantize=True)) then save_pretrained) and convert that"
         )
-    if family != "gemma3_text" and hf.get("hidden_act", "silu") != "silu":  # Gemma's reader checks its own
+    if (
+        family not in ("gemma3_text", "gemma4_text") and hf.get("hidden_act", "silu") != "silu"
+    ):  # Gemma's checks its own
         raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     if hf.get("mlp_bias", False):
         raise ConfigError("mlp_bias=true is not supported")
@@ -283,6 +286,101 @@ def _gemma3(hf: dict[str, Any], family: str) -> dict[str, Any]:
     }
 
 
+def _gemma4(hf: dict[str, Any], family: str) -> dict[str, Any]:
+    """Gemma 4 (its text config, ``Gemma4TextConfig``): Gemma 3's layer (GeGLU, q/k norms, norms around
+    each sublayer, scaled embeddings) with weights applied as stored, attention unscaled (the q/k norms
+    set it), values normed without a weight; full-attention layers (the last one always) with their own
+    head size and key/value heads (``global_head_dim`` / ``num_global_key_value_heads``, or
+    ``per_layer_config``), keys equal to values where ``attention_k_eq_v``, and "proportional" RoPE;
+    the last ``num_kv_shared_layers`` layers reusing earlier keys and values; per-layer embeddings;
+    a learned scalar per layer; optionally experts beside each MLP (``enable_moe_block``)."""
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ConfigError(f"hidden_activation {act!r} is not supported for gemma4 (only 'gelu_pytorch_tanh')")
+    if hf.get("use_bidirectional_attention") == "all":
+        raise ConfigError("use_bidirectional_attention='all' is an encoder's setting; a decoding target is causal")
+
+    def every(n: int) -> tuple[str, ...]:
+        return tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n))
+
+    num_layers, layer_types = _layers(hf, family, "sliding_attention", every)
+    if layer_types and layer_types[-1] != "full_attention":  # as Gemma4TextConfig: the last layer is global
+        layer_types = (*layer_types[:-1], "full_attention")
+    params = hf.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {"rope_type": "proportional", "partial_rotary_factor": 0.25})
+    local = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    if local.get("rope_type", "default") != "default" or full.get("rope_type", "default") not in (
+        "default",
+        "proportional",
+    ):
+        raise ConfigError(f"gemma4 rope types {local.get('rope_type')!r} / {full.get('rope_type')!r} are not supported")
+    if full.get("factor", 1.0) != 1.0:
+        raise ConfigError(f"gemma4 global RoPE factor {full['factor']} is not supported (only 1)")
+    proportion = float(full.get("partial_rotary_factor", 1.0)) if full.get("rope_type") == "proportional" else 0.0
+    heads = _heads(hf, head_dim=256)
+    kv_heads = int(hf.get("num_key_value_heads") or 4)
+    overrides = {}  # transformers 5's per_layer_config, or the released global_head_dim / num_global_key_value_heads
+    for layer, fields in (hf.get("per_layer_config") or {}).items():
+        if layer_types[int(layer)] != "full_attention":
+            raise ConfigError(f"per_layer_config for layer {layer}: only full-attention layers may differ")
+        overrides.setdefault("head_dim", set()).add(int(fields.get("head_dim", heads[1])))
+        overrides.setdefault("kv", set()).add(int(fields.get("num_key_value_heads", kv_heads)))
+    if len(overrides.get("head_dim", ())) > 1 or len(overrides.get("kv", ())) > 1:
+        raise ConfigError("per_layer_config gives full-attention layers different shapes; one shape is supported")
+    k_eq_v = bool(hf.get("attention_k_eq_v", False))
+    global_head_dim = next(iter(overrides["head_dim"])) if overrides else int(hf.get("global_head_dim") or 512)
+    # transformers applies num_global_key_value_heads only with attention_k_eq_v
+    global_kv = int(hf.get("num_global_key_value_heads") or 0) if k_eq_v else 0
+    if overrides:
+        global_kv = next(iter(overrides["kv"]))
+    shared = int(hf.get("num_kv_shared_layers", 0))
+    if shared and {t for t in layer_types[: num_layers - shared]} != set(layer_types):
+        raise ConfigError(
+            "num_kv_shared_layers leaves a layer kind with no earlier layer to share keys and values from"
+        )
+    moe = None
+    if hf.get("enable_moe_block"):
+        moe = MoEConfig(
+            num_experts=int(hf["num_experts"]),
+            experts_per_token=int(hf["top_k_experts"]),
+            intermediate_size=int(hf["moe_intermediate_size"]),
+            layers=tuple(range(num_layers)),
+            router="scaled_softmax",
+            expert_mlp="geglu",
+        )
+        moe = _experts(moe)
+    per_layer = int(hf.get("hidden_size_per_layer_input", 256) or 0)
+    rope = _rope({"rope_parameters": {**full, "rope_type": "default"}}, theta=1_000_000.0, partial=1.0)
+    rope["partial_rotary_factor"] = 1.0  # the proportion is rope_proportion's (another rule)
+    shape = _shape(hf, num_layers, heads, kv_heads=4, max_positions=131072, tie=True)
+    return {
+        **rope,
+        **shape,
+        "intermediate_size": int(hf.get("intermediate_size", 9216)),
+        "layer_types": layer_types,
+        "sliding_window": int(hf.get("sliding_window") or 512),
+        "local_rope_theta": float(local.get("rope_theta", 10_000.0)),
+        "rope_proportion": proportion,
+        "qk_norm": True,
+        "mlp_activation": "gelu_tanh",
+        "sandwich_norms": True,
+        "embed_scale": True,
+        "attn_scale": 1.0,
+        "final_logit_softcap": float(hf.get("final_logit_softcapping") or 0.0),
+        "global_head_dim": global_head_dim,
+        "global_kv_heads": global_kv,
+        "k_eq_v": k_eq_v,
+        "v_norm": True,
+        "kv_shared_layers": shared,
+        "per_layer_input": per_layer,
+        "per_layer_vocab": int(hf.get("vocab_size_per_layer_input", 262144)) if per_layer else 0,
+        "layer_scalar": True,
+        "double_wide_mlp": bool(hf.get("use_double_wide_mlp", False)),
+        "norm_product_f32": True,
+        "moe": moe,
+    }
+
+
 def _deepseek_v3(hf: dict[str, Any], family: str) -> dict[str, Any]:
     """DeepSeek-V3 (and Kimi-K2's language model), ``DeepseekV3Config``: multi-head latent attention in
     every layer (``LatentConfig``; the query through ``q_lora_rank`` unless it is null), scores scaled by
@@ -398,6 +496,8 @@ READERS: dict[str, Callable[[dict, str], dict]] = {
     "qwen3_5_moe_text": _no_sliding_window(_qwen3_5),
     "gemma3": _gemma3,
     "gemma3_text": _gemma3,
+    "gemma4": _gemma4,
+    "gemma4_text": _gemma4,
     "deepseek_v3": _deepseek_v3,
     "kimi_k25": _deepseek_v3,
     "glm4_moe": _glm4_moe,
@@ -555,9 +655,29 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
     names[f"{prefix}norm.weight"] = (("final_norm", "scale"), False)
     if not cfg.tie_word_embeddings:
         names[head] = (("lm_head",), True)
+    if cfg.per_layer_input:  # Gemma 4's per-layer embeddings
+        names[f"{prefix}embed_tokens_per_layer.weight"] = (("per_layer_embedding",), False)
+        names[f"{prefix}per_layer_model_projection.weight"] = (("per_layer_projection",), True)
+        names[f"{prefix}per_layer_projection_norm.weight"] = (("per_layer_norm", "scale"), False)
     for i in range(cfg.num_layers):
         hf, ours = f"{prefix}layers.{i}.", (f"layers_{i}",)
         names[f"{hf}input_layernorm.weight"] = ((*ours, "input_norm", "scale"), False)
+        if cfg.per_layer_input:  # Gemma 4
+            names[f"{hf}per_layer_input_gate.weight"] = ((*ours, "per_layer_gate"), True)
+            names[f"{hf}per_layer_projection.weight"] = ((*ours, "per_layer_proj"), True)
+            names[f"{hf}post_per_layer_input_norm.weight"] = ((*ours, "per_layer_norm", "scale"), False)
+        if cfg.layer_scalar:
+            names[f"{hf}layer_scalar"] = ((*ours, "layer_scalar"), False)
+        if cfg.is_moe(i) and cfg.moe.router == "scaled_softmax":  # Gemma 4's experts beside the MLP
+            moe = (*ours, "moe")
+            names[f"{hf}post_feedforward_layernorm_1.weight"] = ((*ours, "mlp_out_norm_1", "scale"), False)
+            names[f"{hf}pre_feedforward_layernorm_2.weight"] = ((*ours, "moe_in_norm", "scale"), False)
+            names[f"{hf}post_feedforward_layernorm_2.weight"] = ((*ours, "moe_out_norm", "scale"), False)
+            names[f"{hf}router.proj.weight"] = ((*moe, "router"), True)
+            names[f"{hf}router.scale"] = ((*moe, "router_scale"), False)
+            names[f"{hf}router.per_expert_scale"] = ((*moe, "expert_scale"), False)
+            names[f"{hf}experts.gate_up_proj"] = ((*moe, "gate_up"), True)
+            names[f"{hf}experts.down_proj"] = ((*moe, "down"), True)
         if cfg.sandwich_norms:  # Gemma: post_attention_layernorm norms the attention's output
             names[f"{hf}post_attention_layernorm.weight"] = ((*ours, "attn_out_norm", "scale"), False)
             names[f"{hf}pre_feedforward_layernorm.weight"] = ((*ours, "post_attn_norm", "scale"), False)
@@ -569,8 +689,8 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
         elif cfg.latent is not None:
             names.update(_latent_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
         else:
-            names.update(_attention_names(cfg, f"{hf}self_attn.", (*ours, "attn")))
-        if not cfg.is_moe(i):
+            names.update(_attention_names(cfg, i, f"{hf}self_attn.", (*ours, "attn")))
+        if not cfg.is_moe(i) or cfg.moe.router == "scaled_softmax":
             for p in ("gate", "up", "down"):
                 names[f"{hf}mlp.{p}_proj.weight"] = ((*ours, "mlp", f"{p}_proj"), True)
         elif cfg.family == "gpt_oss":
@@ -612,6 +732,10 @@ def is_extra(cfg: TargetConfig, name: str) -> bool:
     skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
     vision = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
     skipped |= cfg.family == "gemma3" and name.startswith(vision)
+    towers = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+    skipped |= cfg.family == "gemma4" and name.startswith(towers)
+    shared = re.match(r".*layers\.(\d+)\.self_attn\.(k_proj|v_proj|k_norm|v_norm)\.", name)
+    skipped |= bool(shared) and cfg.kv_shared_layers > 0 and cfg.kv_source(int(shared.group(1))) is not None
     kimi = ("vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector.")
     skipped |= cfg.family == "deepseek_v3" and name.startswith(kimi)
     if cfg.family in ("deepseek_v3", "glm4_moe"):  # multi-token-prediction layers, numbered past the last layer
@@ -620,18 +744,27 @@ def is_extra(cfg: TargetConfig, name: str) -> bool:
     return skipped or name.endswith("rotary_emb.inv_freq")
 
 
-def _attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
-    names = {f"{hf}{p}_proj.weight": ((*ours, f"{p}_proj"), True) for p in "qkvo"}
+def _attention_names(cfg: TargetConfig, layer: int, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:
+    """Grouped-query attention's tensors; Gemma 4: none for keys and values in a layer reusing another's,
+    no ``v_proj`` where keys equal values."""
+    own_kv = cfg.kv_source(layer) is None
+    projections = "q" + ("k" if own_kv else "") + ("v" if own_kv and not _k_is_v(cfg, layer) else "") + "o"
+    names = {f"{hf}{p}_proj.weight": ((*ours, f"{p}_proj"), True) for p in projections}
     if cfg.qkv_bias:
-        names.update({f"{hf}{p}_proj.bias": ((*ours, f"{p}_bias"), False) for p in "qkv"})
+        names.update({f"{hf}{p}_proj.bias": ((*ours, f"{p}_bias"), False) for p in projections if p != "o"})
     if cfg.o_bias:
         names[f"{hf}o_proj.bias"] = ((*ours, "o_bias"), False)
     if cfg.qk_norm:
         names[f"{hf}q_norm.weight"] = ((*ours, "q_norm", "scale"), False)
-        names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
+        if own_kv:
+            names[f"{hf}k_norm.weight"] = ((*ours, "k_norm", "scale"), False)
     if cfg.attention_sinks:
         names[f"{hf}sinks"] = ((*ours, "sinks"), False)
     return names
+
+
+def _k_is_v(cfg: TargetConfig, layer: int) -> bool:
+    return cfg.k_eq_v and not cfg.is_sliding(layer)
 
 
 def _latent_attention_names(cfg: TargetConfig, hf: str, ours: tuple[str, ...]) -> dict[str, tuple]:

@@ -46,22 +46,31 @@ def param(module: nn.Module, name: str, shape: Sequence[int], axes: Sequence[str
 class RMSNorm(nn.Module):
     """RMSNorm over the last axis: float32 statistics, cast back, then ``* weight``.
 
-    Matches ``LlamaRMSNorm`` / ``Qwen3RMSNorm`` in transformers.
+    Matches ``LlamaRMSNorm`` / ``Qwen3RMSNorm`` in transformers; ``zero_centered``: Qwen3.5's and Gemma
+    3's (the weight stored as w, applied as 1 + w, the product in float32); ``product_f32``: Gemma 4's
+    (the weight applied as stored, the product in float32); ``scaled=False``: no weight at all (Gemma 4's
+    value norm).
     """
 
     eps: float
     axis_name: str = "norm"
-    zero_centered: bool = False  # Qwen3.5 (``Qwen3_5RMSNorm``): the weight is stored as w, applied as 1 + w
+    zero_centered: bool = False
+    product_f32: bool = False
+    scaled: bool = True
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        init = nn.initializers.zeros if self.zero_centered else nn.initializers.ones
-        scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), init)
         dtype = x.dtype
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        if self.zero_centered:  # as Qwen3_5RMSNorm: (1 + w) and the product in float32, one rounding
+        if not self.scaled:
+            return x32.astype(dtype)
+        init = nn.initializers.zeros if self.zero_centered else nn.initializers.ones
+        scale = param(self, "scale", (x.shape[-1],), (self.axis_name,), init)
+        if self.zero_centered:  # one rounding, as Qwen3_5RMSNorm and Gemma3RMSNorm
             return (x32 * (1.0 + scale.astype(jnp.float32))).astype(dtype)
+        if self.product_f32:
+            return (x32 * scale.astype(jnp.float32)).astype(dtype)
         return scale.astype(dtype) * x32.astype(dtype)
 
 

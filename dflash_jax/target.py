@@ -33,7 +33,7 @@ import numpy as np
 from flax import linen as nn
 
 from dflash_jax.deltanet import GatedDeltaNet, LinearState, PendingLinear, commit
-from dflash_jax.layers import RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq, yarn_inv_freq
+from dflash_jax.layers import ACTIVATIONS, RMSNorm, SwiGLU, apply_rope, attend, param, rope_inv_freq, yarn_inv_freq
 
 Array = jax.Array
 KVCache = list  # list over layers of (k, v), each [B, S, KV, D]
@@ -54,6 +54,11 @@ class MoEConfig:
     ``sigmoid(x @ shared_expert_gate)`` (Qwen3.5-MoE's ``Qwen3NextSparseMoeBlock``), or unscaled where
     ``shared_expert_gated`` is false (DeepSeek-V3's ``shared_experts``, of width ``n_shared_experts *
     moe_intermediate_size``).
+
+    ``router="scaled_softmax"`` (Gemma 4's ``Gemma4TextRouter``, with ``expert_mlp="geglu"``): the experts
+    run beside the dense MLP (``DecoderLayer``), routed on the un-normed residual through the router's own
+    unscaled norm, a learned per-channel scale and ``hidden_size ** -0.5``; softmax, the top k,
+    renormalised, each times its learned per-expert scale.
 
     ``router="sigmoid_group"`` (DeepSeek-V3, GLM-4.5: ``DeepseekV3TopkRouter``): each expert's score is
     ``sigmoid(logit)``; the choice adds a learned correction bias (``router_correction``, for choosing
@@ -127,6 +132,17 @@ _LATER_FIELDS = (
     "local_rope_theta",
     "final_logit_softcap",
     "latent",
+    "global_head_dim",
+    "global_kv_heads",
+    "rope_proportion",
+    "k_eq_v",
+    "v_norm",
+    "kv_shared_layers",
+    "per_layer_input",
+    "per_layer_vocab",
+    "layer_scalar",
+    "double_wide_mlp",
+    "norm_product_f32",
 )
 
 
@@ -168,6 +184,24 @@ class TargetConfig:
     local_rope_theta: float = 0.0  # Gemma: the sliding layers' RoPE base (plain RoPE); 0 = the global layers' RoPE
     final_logit_softcap: float = 0.0  # Gemma 2/4 style: logits = cap * tanh(logits / cap); 0 = none
     latent: LatentConfig | None = None  # DeepSeek-V3: every layer's attention is MLA (head_dim: its rotary dims)
+    # Gemma 4 (all 0 / False elsewhere): full-attention layers' own head size and key/value heads; their
+    # "proportional" RoPE (the first rope_proportion of each half rotated at frequencies of the whole head,
+    # the rest not rotated); keys equal to values on full layers (no v_proj); values normed without a
+    # scale; the last kv_shared_layers layers reusing the keys and values of the last earlier layer of
+    # their kind (no projections, no cache of their own); per-layer embeddings of per_layer_input dims
+    # (over per_layer_vocab tokens); a learned scalar on each layer's output; kv-sharing layers' MLP twice
+    # as wide; norms multiplied in float32 (``Gemma4RMSNorm``)
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    rope_proportion: float = 0.0
+    k_eq_v: bool = False
+    v_norm: bool = False
+    kv_shared_layers: int = 0
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
+    layer_scalar: bool = False
+    double_wide_mlp: bool = False
+    norm_product_f32: bool = False
 
     def is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -178,6 +212,25 @@ class TargetConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The head size of ``layer``'s attention (Gemma 4: ``global_head_dim`` on full-attention layers)."""
+        full = self.global_head_dim and not self.is_sliding(layer)
+        return self.global_head_dim if full else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The key/value heads of ``layer`` (Gemma 4: ``global_kv_heads`` on full-attention layers)."""
+        full = self.global_kv_heads and not self.is_sliding(layer)
+        return self.global_kv_heads if full else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values ``layer`` reuses (Gemma 4's ``num_kv_shared_layers``: the last
+        layer of the same kind before the shared ones), or None where it computes its own."""
+        first = self.num_layers - self.kv_shared_layers
+        if layer < first:
+            return None
+        kind = self.is_sliding(layer)
+        return max(j for j in range(first) if self.is_sliding(j) == kind)
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.layers
@@ -206,12 +259,19 @@ class TargetConfig:
         return None if self.rope_scaling is None else dict(self.rope_scaling)
 
 
-def rope_tables(cfg: TargetConfig, sliding: bool = False) -> tuple[np.ndarray, float]:
+def rope_tables(cfg: TargetConfig, sliding: bool = False, head_dim: int | None = None) -> tuple[np.ndarray, float]:
     """The target's RoPE: inverse frequencies ``[rotary_dim // 2]`` and the cos/sin scale (1 but for YaRN).
     ``sliding``: for a sliding-window layer, which has its own plain RoPE where ``cfg.local_rope_theta``
-    is set (Gemma 3: base 10000 locally, a scaled base-1e6 RoPE on global layers)."""
+    is set (Gemma 3: base 10000 locally, a scaled base-1e6 RoPE on global layers). ``head_dim``: the
+    layer's head size (Gemma 4's global layers: ``global_head_dim``, with their proportional RoPE:
+    ``[head_dim // 2]`` frequencies, zero past the rotated ones, transformers' ``proportional`` type)."""
     if sliding and cfg.local_rope_theta:
-        return rope_inv_freq(cfg.rotary_dim, cfg.local_rope_theta), 1.0
+        return rope_inv_freq(head_dim or cfg.rotary_dim, cfg.local_rope_theta), 1.0
+    if cfg.rope_proportion:
+        hd = head_dim or cfg.head_dim
+        angles = int(cfg.rope_proportion * hd // 2)
+        rotated = 1.0 / (cfg.rope_theta ** (np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / hd))
+        return np.concatenate([rotated.astype(np.float32), np.zeros(hd // 2 - angles, np.float32)]), 1.0
     if cfg.yarn is not None:
         return yarn_inv_freq(cfg.rotary_dim, cfg.rope_theta, dict(cfg.yarn))
     return rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
@@ -221,8 +281,8 @@ def rotate(x: Array, positions: Array, cfg: TargetConfig, sliding: bool = False)
     """RoPE on the first ``cfg.rotary_dim`` dims of ``x`` ``[B, T, N, D]``; the rest pass through
     (Qwen3.5's partial rotary embedding; its multimodal sections coincide for text positions).
     ``sliding``: the layer is a sliding-window one (``rope_tables``)."""
-    inv_freq, scale = rope_tables(cfg, sliding)
-    r = cfg.rotary_dim
+    inv_freq, scale = rope_tables(cfg, sliding, x.shape[-1] if cfg.local_rope_theta or cfg.rope_proportion else None)
+    r = 2 * len(inv_freq)
     if r == x.shape[-1]:
         return apply_rope(x, positions, inv_freq, scale)
     return jnp.concatenate([apply_rope(x[..., :r], positions, inv_freq, scale), x[..., r:]], axis=-1)
@@ -231,17 +291,24 @@ def rotate(x: Array, positions: Array, cfg: TargetConfig, sliding: bool = False)
 class Attention(nn.Module):
     """Causal grouped-query self-attention over a block, on top of an optional KV cache.
 
-    ``sliding``: the query at position p sees only keys at positions > p - ``cfg.sliding_window``
+    A sliding layer's query at position p sees only keys at positions > p - ``cfg.sliding_window``
     (transformers' ``sliding_window_overlay``); with ``cfg.attention_sinks`` each head has a learned
-    sink logit (gpt-oss)."""
+    sink logit (gpt-oss). Gemma 4: a full layer's own head size and key/value heads, keys equal to
+    values (``k_eq_v``), values normed without a scale (``v_norm``), and, in a layer that reuses another's
+    keys and values (``cfg.kv_source``), no key/value projections at all: ``shared`` holds what that
+    layer attended over.
+
+    Returns ``(out [B, T, d], new_cache, attended)``: ``attended`` = ``(keys, values, key_pos, mask)``
+    before the sliding window, for the layers that reuse them."""
 
     cfg: TargetConfig
-    sliding: bool = False
+    layer: int = 0
 
     @nn.compact
-    def __call__(self, x: Array, positions: Array, cache: tuple[Array, Array] | None, tree: Array | None = None):
-        cfg, dt = self.cfg, self.cfg.compute_dtype
-        d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    def __call__(self, x, positions, cache, tree=None, shared=None):
+        cfg, dt, sliding = self.cfg, self.cfg.compute_dtype, self.cfg.is_sliding(self.layer)
+        d, h = cfg.hidden_size, cfg.num_heads
+        kv, hd = cfg.layer_kv_heads(self.layer), cfg.layer_head_dim(self.layer)
         zeros = nn.initializers.zeros
 
         def proj(name, heads, axes, width=hd):
@@ -250,20 +317,30 @@ class Attention(nn.Module):
                 out = out + param(self, f"{name}_bias", (heads * width,), (axes,), zeros).astype(dt)
             return out.reshape(*x.shape[:2], heads, width)
 
+        def norm(name, y):
+            return RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, cfg.norm_product_f32, name=name)(y)
+
         if cfg.attn_output_gate:  # per head [query | gate] (Qwen3_5Attention)
             q, gate = jnp.split(proj("q", h, "heads", 2 * hd), 2, axis=-1)
         else:
             q, gate = proj("q", h, "heads"), None
-        k, v = proj("k", kv, "kv_heads"), proj("v", kv, "kv_heads")
         if cfg.qk_norm:
-            q = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="q_norm")(q)
-            k = RMSNorm(cfg.rms_norm_eps, "head_dim", cfg.norm_zero_centered, name="k_norm")(k)
-        q, k = rotate(q, positions, cfg, self.sliding), rotate(k, positions, cfg, self.sliding)
-        q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
-
-        (keys, values), key_pos, mask, new_cache = over_cache(cache, (k, v), positions, tree, "act_kv_heads")
-        if self.sliding:
-            mask &= key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window
+            q = norm("q_norm", q)
+        q = nn.with_logical_constraint(rotate(q, positions, cfg, sliding), ("batch", "length", "act_heads", None))
+        if shared is None:
+            k = proj("k", kv, "kv_heads")
+            v = k if cfg.k_eq_v and not sliding else proj("v", kv, "kv_heads")  # Gemma 4's full layers
+            if cfg.qk_norm:
+                k = norm("k_norm", k)
+            if cfg.v_norm:
+                v = RMSNorm(cfg.rms_norm_eps, scaled=False, name="v_norm")(v)
+            k = rotate(k, positions, cfg, sliding)
+            (keys, values), key_pos, mask, new_cache = over_cache(cache, (k, v), positions, tree, "act_kv_heads")
+        else:  # another layer's keys and values, seen as that layer saw them; nothing to cache
+            (keys, values, key_pos, mask), new_cache = shared, cache
+        attended = (keys, values, key_pos, mask)
+        if sliding:
+            mask = mask & (key_pos[:, None, :] > positions[:, :, None] - cfg.sliding_window)
         sinks = param(self, "sinks", (h,), ("heads",), zeros) if cfg.attention_sinks else None
         out = attend(q, keys.astype(dt), values.astype(dt), mask, sinks, cfg.attn_scale or None)
         if gate is not None:
@@ -272,7 +349,7 @@ class Attention(nn.Module):
         out = out @ param(self, "o_proj", (h * hd, d), ("heads", "embed")).astype(dt)
         if cfg.o_bias:
             out = out + param(self, "o_bias", (d,), ("embed",), zeros).astype(dt)
-        return out, new_cache
+        return out, new_cache, attended
 
 
 def over_cache(
@@ -374,20 +451,29 @@ class MoE(nn.Module):
     cfg: TargetConfig
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
+    def __call__(self, x: Array, route: Array | None = None) -> Array:
         moe, dt = self.cfg.moe, self.cfg.compute_dtype
         d, e, f, k = self.cfg.hidden_size, moe.num_experts, moe.intermediate_size, moe.experts_per_token
         zeros = nn.initializers.zeros
         biased = moe.expert_mlp == "clamped_swiglu"
         tokens = x.reshape(-1, d)  # [N, d]
+        routed = tokens if route is None else route.reshape(-1, d)  # Gemma 4 routes the un-normed residual
+        if moe.router == "scaled_softmax":  # Gemma4TextRouter: its own unscaled norm, a learned scale, d^-0.5
+            routed = RMSNorm(self.cfg.rms_norm_eps, scaled=False, name="router_norm")(routed)
+            routed = routed * param(self, "router_scale", (d,), ("embed",), nn.initializers.ones).astype(dt)
+            routed = routed * np.float32(d**-0.5)
         logits = jnp.matmul(
-            tokens, param(self, "router", (d, e), ("embed", None)).astype(dt), preferred_element_type=jnp.float32
+            routed, param(self, "router", (d, e), ("embed", None)).astype(dt), preferred_element_type=jnp.float32
         )
         if moe.router_bias:
             logits = logits + param(self, "router_bias", (e,), (None,), zeros)
         if moe.router == "sigmoid_group":
             correction = param(self, "router_correction", (e,), (None,), zeros)
             weights, experts = group_limited_topk(jax.nn.sigmoid(logits), correction, moe)
+        elif moe.router == "scaled_softmax":
+            weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+            weights = weights / weights.sum(-1, keepdims=True)
+            weights = weights * param(self, "expert_scale", (e,), (None,), nn.initializers.ones)[experts]
         elif moe.router == "softmax_topk":
             weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
             if moe.norm_topk_prob:
@@ -410,8 +496,8 @@ class MoE(nn.Module):
             gate = jnp.minimum(gate, moe.swiglu_limit)
             up = jnp.clip(up, -moe.swiglu_limit, moe.swiglu_limit)
             h = (up + 1) * (gate * jax.nn.sigmoid(gate * moe.swiglu_alpha))
-        else:
-            h = nn.silu(h[:, :f]) * h[:, f:]
+        else:  # [gate | up]: SwiGLU, or GeGLU (Gemma 4)
+            h = ACTIVATIONS["gelu_tanh" if moe.expert_mlp == "geglu" else "silu"](h[:, :f]) * h[:, f:]
         out = jax.lax.ragged_dot(h, param(self, "down", (e, f, d), ("expert", "mlp", "embed")).astype(dt), sizes)
         if biased:
             out = out + param(self, "down_bias", (e, d), ("expert", "embed"), zeros).astype(dt)[chosen]
@@ -483,13 +569,23 @@ def tree_mask(tree: Array, positions: Array, cache_len: int) -> tuple[Array, Arr
 
 
 class DecoderLayer(nn.Module):
+    """One decoder layer: the norm, the token mixer (attention, latent attention or Gated DeltaNet), the
+    residual add, the norm, the MLP (dense, experts, or Gemma 4's both side by side), the residual add;
+    Gemma's norms around each sublayer's output, Gemma 4's per-layer input and output scalar.
+
+    Returns ``(x, cache, attended)`` (``Attention``'s ``attended``; None for the other mixers)."""
+
     cfg: TargetConfig
     layer: int = 0
 
-    @nn.compact
-    def __call__(self, x, positions, cache, lengths=None, tree=None):
+    def norm(self, name: str, x: Array) -> Array:
         cfg = self.cfg
-        norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="input_norm")(x)
+        return RMSNorm(cfg.rms_norm_eps, "norm", cfg.norm_zero_centered, cfg.norm_product_f32, name=name)(x)
+
+    @nn.compact
+    def __call__(self, x, positions, cache, lengths=None, tree=None, shared=None, per_layer=None):
+        cfg, dt, attended = self.cfg, self.cfg.compute_dtype, None
+        normed = self.norm("input_norm", x)
         if cfg.is_linear(self.layer):
             lin = cfg.linear
             mixer = GatedDeltaNet(
@@ -508,23 +604,37 @@ class DecoderLayer(nn.Module):
                     "tree verification is not supported with linear-attention (Gated DeltaNet) layers: their "
                     "recurrent state has no per-node copy for the branches; verify one chain (--tree off)"
                 )
-            attn, cache = mixer(norm, cache, lengths)
+            attn, cache = mixer(normed, cache, lengths)
         elif cfg.latent is not None:
-            attn, cache = LatentAttention(cfg, name="attn")(norm, positions, cache, tree)
+            attn, cache = LatentAttention(cfg, name="attn")(normed, positions, cache, tree)
         else:
-            attn, cache = Attention(cfg, cfg.is_sliding(self.layer), name="attn")(norm, positions, cache, tree)
+            attn, cache, attended = Attention(cfg, self.layer, name="attn")(normed, positions, cache, tree, shared)
         if cfg.sandwich_norms:  # Gemma: each sublayer's output normed before its residual add
-            attn = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="attn_out_norm")(attn)
+            attn = self.norm("attn_out_norm", attn)
         x = x + attn
-        if cfg.is_moe(self.layer):
-            mlp = MoE(cfg, name="moe")
+        beside = cfg.is_moe(self.layer) and cfg.moe.router == "scaled_softmax"  # Gemma 4: experts beside the MLP
+        if cfg.is_moe(self.layer) and not beside:
+            h = MoE(cfg, name="moe")(self.norm("post_attn_norm", x))
         else:
-            mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, cfg.mlp_activation, name="mlp")
-        h = mlp(RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="post_attn_norm")(x))
+            width = cfg.intermediate_size * (2 if cfg.double_wide_mlp and cfg.kv_source(self.layer) is not None else 1)
+            mlp = SwiGLU(cfg.hidden_size, width, dt, cfg.mlp_activation, name="mlp")
+            h = mlp(self.norm("post_attn_norm", x))
+        if beside:
+            experts = MoE(cfg, name="moe")(self.norm("moe_in_norm", x), route=x)
+            h = self.norm("mlp_out_norm_1", h) + self.norm("moe_out_norm", experts)
         if cfg.sandwich_norms:
-            h = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, name="mlp_out_norm")(h)
+            h = self.norm("mlp_out_norm", h)
         x = x + h
-        return nn.with_logical_constraint(x, ("batch", "length", "act_embed")), cache
+        if cfg.per_layer_input:  # Gemma 4: this layer's slice of the per-layer embeddings, gated by x
+            p = cfg.per_layer_input
+            gate = ACTIVATIONS[cfg.mlp_activation](
+                x @ param(self, "per_layer_gate", (cfg.hidden_size, p), ("embed", None)).astype(dt)
+            )
+            h = (gate * per_layer) @ param(self, "per_layer_proj", (p, cfg.hidden_size), (None, "embed")).astype(dt)
+            x = x + self.norm("per_layer_norm", h)
+        if cfg.layer_scalar:
+            x = x * param(self, "layer_scalar", (1,), (None,), nn.initializers.ones).astype(dt)
+        return nn.with_logical_constraint(x, ("batch", "length", "act_embed")), cache, attended
 
 
 class Target(nn.Module):
@@ -556,8 +666,15 @@ class Target(nn.Module):
         self.embedding = param(self, "embedding", (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
         if not cfg.tie_word_embeddings:
             self.lm_head = param(self, "lm_head", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
+        if cfg.per_layer_input:  # Gemma 4's per-layer embeddings: a table and a projection of the embedding
+            width = cfg.num_layers * cfg.per_layer_input
+            self.per_layer_embedding = param(self, "per_layer_embedding", (cfg.per_layer_vocab, width), ("vocab", None))
+            self.per_layer_projection = param(self, "per_layer_projection", (cfg.hidden_size, width), ("embed", None))
+            self.per_layer_norm = RMSNorm(cfg.rms_norm_eps, product_f32=cfg.norm_product_f32)
         self.layers = [DecoderLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
-        self.final_norm = RMSNorm(cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered)
+        self.final_norm = RMSNorm(
+            cfg.rms_norm_eps, zero_centered=cfg.norm_zero_centered, product_f32=cfg.norm_product_f32
+        )
 
     def __call__(
         self,
@@ -571,9 +688,19 @@ class Target(nn.Module):
         if tree is not None and cache is None:
             raise ValueError("a tree block is verified on top of a KV cache; pass the cache")
         x = self.embed(tokens)
-        taps, new_cache = {}, []
+        per_layer = self.per_layer_inputs(tokens, x) if self.cfg.per_layer_input else None
+        taps, new_cache, attended = {}, [], {}
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache[i], lengths, tree)
+            source = self.cfg.kv_source(i)
+            x, layer_cache, attended[i] = layer(
+                x,
+                positions,
+                None if cache is None else cache[i],
+                lengths,
+                tree,
+                None if source is None else attended[source],
+                None if per_layer is None else per_layer[:, :, i],
+            )
             new_cache.append(layer_cache)
             if i in tap_layers:
                 taps[i] = x
@@ -588,6 +715,18 @@ class Target(nn.Module):
         if cfg.embed_scale:
             x = x * jnp.asarray(np.float32(cfg.hidden_size**0.5), cfg.compute_dtype)
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+
+    def per_layer_inputs(self, tokens: Array, x: Array) -> Array:
+        """Gemma 4's per-layer embeddings ``[B, T, num_layers, per_layer_input]``: the token's row of the
+        per-layer table (times its width's square root) plus the normed projection of its embedding ``x``
+        (times ``hidden_size ** -0.5``), times ``2 ** -0.5`` (transformers' ``get_per_layer_inputs`` and
+        ``project_per_layer_inputs``)."""
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        shape = (*tokens.shape, cfg.num_layers, cfg.per_layer_input)
+        table = jnp.take(self.per_layer_embedding, tokens, axis=0).astype(dt)
+        table = (table * jnp.asarray(np.float32(cfg.per_layer_input**0.5), dt)).reshape(shape)
+        projected = (x @ self.per_layer_projection.astype(dt)) * np.float32(cfg.hidden_size**-0.5)
+        return (self.per_layer_norm(projected.reshape(shape)) + table) * np.float32(2**-0.5)
 
     def head(self, hidden: Array) -> Array:
         """The LM head alone: ``[..., d]`` -> float32 ``[..., vocab]`` (a drafter's logits go through it
@@ -613,14 +752,18 @@ def write_block(buf: Array, block: Array, start: Array) -> Array:
 
 
 def init_cache(cfg: TargetConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """Empty cache: per attention layer a ``(k, v)`` pair of zeros ``[batch, max_len, KV, head_dim]``;
+    """Empty cache: per attention layer a ``(k, v)`` pair of zeros ``[batch, max_len, KV, head_dim]`` (the
+    layer's own; an empty tuple for a layer reusing another's, Gemma 4's ``kv_shared_layers``);
     per latent-attention (MLA) layer ``(latent, rotary key)`` zeros ``[batch, max_len, 1, kv_lora_rank]``
     and ``[batch, max_len, 1, qk_rope_head_dim]``; per linear-attention layer a zero
     ``deltanet.LinearState``."""
     dtype = dtype or cfg.compute_dtype
-    shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
     cache = []
     for i in range(cfg.num_layers):
+        shape = (batch, max_len, cfg.layer_kv_heads(i), cfg.layer_head_dim(i))
+        if cfg.kv_source(i) is not None:  # Gemma 4: reads another layer's keys and values, caches nothing
+            cache.append(())
+            continue
         if cfg.latent is not None:
             lat = cfg.latent
             cache.append(

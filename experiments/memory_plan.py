@@ -12,6 +12,9 @@ Targets (``--target``), frozen, bfloat16, at their real shapes:
                        layers of 16 / 4 heads of 256, MLP 12288, vocab 248320)
   gemma3_27b           Gemma 3 27B's language model (62 layers, width 5376, 32 / 16 heads of 128, five
                        sliding layers (window 1024) to one global, MLP 21504, vocab 262208)
+  gemma4_31b           Gemma 4 31B's language model (30.7B: 60 layers, width 5376, 32 heads; sliding layers
+                       (window 1024) with 16 key/value heads of 256, every sixth layer full with 4 key/value
+                       heads of 512 equal to its values; vocab 262144; the shape public model cards give)
   deepseek_v3          DeepSeek-V3 (671B: 61 layers, width 7168, 128 heads of latent attention (latent
                        512, rotary 64), 3 dense layers then 256 experts of 2048, 8 per token in 4 of 8
                        groups, one shared expert, vocab 129280); the same shape as Kimi-K2's language model
@@ -158,6 +161,27 @@ GEMMA3_27B = {
     "tie_word_embeddings": True,
 }
 
+# Gemma 4 31B's text config as public model cards describe it (no config.json on this machine; the
+# parameter count it gives, 30.70B, is the released one)
+GEMMA4_31B = {
+    "model_type": "gemma4_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 60,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_global_key_value_heads": 4,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "hidden_size_per_layer_input": 0,
+    "vocab_size": 262144,
+    "max_position_embeddings": 262144,
+    "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True,
+}
+
 # transformers' DeepseekV3Config defaults: DeepSeek-V3's shape (its release adds YaRN, factor 40)
 DEEPSEEK_V3 = {
     "model_type": "deepseek_v3",
@@ -201,6 +225,7 @@ TARGETS = {
     "gpt_oss_20b": GPT_OSS_20B,
     "qwen3_5_9b": QWEN3_5_9B,
     "gemma3_27b": GEMMA3_27B,
+    "gemma4_31b": GEMMA4_31B,
     "deepseek_v3": DEEPSEEK_V3,
 }
 

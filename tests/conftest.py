@@ -25,8 +25,9 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)}."""
-    from helpers import DEEPSEEK_V3, GEMMA3, GLM4_MOE, LLAMA3_ROPE, make_hf_model
+    """One converted tiny checkpoint per family: {family: (hf_model, hf_dir, ckpt_dir)} (and "gemma4_moe":
+    Gemma 4 with experts beside its MLPs)."""
+    from helpers import DEEPSEEK_V3, GEMMA3, GEMMA4, GEMMA4_MOE, GLM4_MOE, LLAMA3_ROPE, make_hf_model
 
     from dflash_jax import checkpoint
 
@@ -60,11 +61,15 @@ def tiny_models(tmp_path_factory):
         "gemma3": GEMMA3,
         "deepseek_v3": DEEPSEEK_V3,
         "glm4_moe": GLM4_MOE,
+        "gemma4": GEMMA4,
+        "gemma4_moe": GEMMA4_MOE,
     }
     out = {}
     root = tmp_path_factory.mktemp("tiny")
     for family, kw in variants.items():
-        model = make_hf_model(family, root / f"{family}-hf", **kw)
+        model = make_hf_model(
+            family.removesuffix("_moe") if family == "gemma4_moe" else family, root / f"{family}-hf", **kw
+        )
         checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
         out[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
     return out

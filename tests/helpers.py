@@ -63,6 +63,7 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
         "gemma3": transformers.Gemma3TextConfig,
         "deepseek_v3": transformers.DeepseekV3Config,
         "glm4_moe": transformers.Glm4MoeConfig,
+        "gemma4": transformers.Gemma4TextConfig,
     }[family]
     if family == "qwen3_5_moe":  # every layer has experts: the config has no dense intermediate_size
         kw.pop("intermediate_size")
@@ -77,9 +78,11 @@ def make_hf_model(family: str, folder: Path, seed: int = 0, std: float = 0.2, **
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(std * torch.randn_like(p))
-        for name, b in model.named_buffers():  # DeepSeek-V3's router correction (a saved buffer, zero at init)
+        for name, b in model.named_buffers():  # saved buffers: DeepSeek-V3's router correction, Gemma 4's scalars
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn_like(b))
+            elif name.endswith("layer_scalar"):
+                b.copy_(1.0 + 0.2 * torch.randn_like(b))
     model.save_pretrained(folder, safe_serialization=True)
     tiny_tokenizer(kw["vocab_size"]).save_pretrained(folder)
     return model
@@ -152,6 +155,25 @@ GLM4_MOE = dict(
     attention_bias=True,
     routed_scaling_factor=1.5,
 )
+
+# Gemma 4: sliding (window 8) and full layers alternating, full layers with heads of 32 and one
+# key/value head equal to its values, proportional RoPE; the last two layers reusing earlier keys and
+# values with double-wide MLPs; per-layer embeddings of 8; a soft-cap
+GEMMA4 = dict(
+    tie_word_embeddings=True,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    global_head_dim=32,
+    num_global_key_value_heads=1,
+    attention_k_eq_v=True,
+    num_kv_shared_layers=2,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=96,
+    use_double_wide_mlp=True,
+    final_logit_softcapping=30.0,
+)
+# Gemma 4 with experts beside each MLP (26B-A4B's block): 8 experts of 32, 2 a token
+GEMMA4_MOE = dict(GEMMA4, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
 
 TINY_REL = 2e-5  # tiny random float32 models: about 5x the worst measured
 # Qwen3.5's Gated DeltaNet layers: the chunked delta rule (a triangular solve per chunk, exponentials

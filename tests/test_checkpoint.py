@@ -298,6 +298,7 @@ def test_a_gguf_missing_a_tensor_is_refused(tmp_path):
         ("gpt-oss", "gpt-oss GGUF, which transformers' GGUF reader does not read whole"),
         # its gemma3 mapping keeps one RoPE base and no scaling (Gemma 3 has two bases, and 8x scaling)
         ("gemma3", r"gemma3 GGUF, .* does not read whole \(the sliding layers' RoPE base, RoPE scaling\)"),
+        ("gemma4", r"gemma4 GGUF, .* does not read whole \(its RoPE bases\)"),
         # nor Qwen3.5's (llama.cpp's qwen35) at all
         ("qwen35", "qwen35 GGUF, which transformers' GGUF reader does not read; convert the Hugging Face"),
     ],

@@ -1,7 +1,8 @@
 """The target families beyond the dense Llama / Qwen ones in the decoder, on a mesh and through the CLI:
 mixture of experts (Qwen3-MoE, gpt-oss), the hybrid Qwen3.5-MoE (Gated DeltaNet + gated attention,
 experts), Gemma 3 (sliding and global layers with their own RoPE, sandwich norms, GeGLU), DeepSeek-V3
-(latent attention, a sigmoid group-limited router, shared experts, dense first layers) and GLM-4.5.
+(latent attention, a sigmoid group-limited router, shared experts, dense first layers), GLM-4.5 and
+Gemma 4 (here with experts beside each MLP, layers reusing earlier keys and values, per-layer inputs).
 
 Their parity with transformers (logits, cached blocks, padding, the hybrid's rollback) is in
 ``test_target.py``. Every rejected draft token below is one the hybrid's commit must keep out of
@@ -11,7 +12,16 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import DEEPSEEK_V3, GLM4_MOE, TINY_REL, OracleDraft, assert_close, expected_rounds, oracle_params
+from helpers import (
+    DEEPSEEK_V3,
+    GEMMA4_MOE,
+    GLM4_MOE,
+    TINY_REL,
+    OracleDraft,
+    assert_close,
+    expected_rounds,
+    oracle_params,
+)
 
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
@@ -26,7 +36,7 @@ from dflash_jax.train_step import sharded_step, train_step
 # stands for the hybrids here: its rollback is the dense Qwen3.5's, whose batched decoding is
 # compared with transformers' generate in test_decode.py
 # GLM-4.5 (grouped-query attention, partial RoPE, DeepSeek-V3's router) is here through the CLI only
-FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3", "deepseek_v3"]
+FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3", "deepseek_v3", "gemma4_moe"]
 
 
 def _load(tiny_models, family):
@@ -144,6 +154,7 @@ CLI_FAMILIES = {
     "gemma3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2),
     "deepseek_v3": DEEPSEEK_V3,
     "glm4_moe": GLM4_MOE,
+    "gemma4": GEMMA4_MOE,
 }  # (Qwen3.5-MoE's tiny folder loads its word-level tokenizer as one that encodes "t10" to nothing)
 
 
@@ -162,7 +173,7 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
     make_hf_model(family, hf_dir, **CLI_FAMILIES[family])
     main(["convert", "--hf", str(hf_dir), "--out", str(tmp_path / "ck")])
     ck = checkpoint.load_target(tmp_path / "ck")
-    assert ck.cfg.family == family and (ck.cfg.moe is not None) == family.endswith(("moe", "oss", "v3"))
+    assert ck.cfg.family == family and (ck.cfg.moe is not None) == family.endswith(("moe", "oss", "v3", "gemma4"))
     assert (ck.cfg.linear is not None) == family.startswith("qwen3_5")
     records = []
     for drafter in ("none", "random"):

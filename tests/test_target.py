@@ -18,7 +18,7 @@ def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
 
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "gemma3", "deepseek_v3"]
-FAMILIES += ["glm4_moe"]
+FAMILIES += ["glm4_moe", "gemma4", "gemma4_moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -49,11 +49,14 @@ def test_taps_are_raw_layer_outputs(tiny_models):
     assert_close(np.asarray(feats)[..., d:], hs[3].numpy(), TINY_REL)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3"])
+CACHED = ["llama", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3", "gemma4"]
+
+
+@pytest.mark.parametrize("family", CACHED)
 def test_cached_blocks_equal_full_forward(tiny_models, family):
     """Blocks on top of the cache give the full forward's logits (gpt-oss, Gemma 3: sliding window 8,
     so blocks see keys leave their window; Qwen3.5: the recurrent state carried through commits;
-    DeepSeek-V3: the latent cache)."""
+    DeepSeek-V3: the latent cache; Gemma 4: layers reading earlier layers' caches)."""
     _, _, path = tiny_models[family]
     ck = checkpoint.load_target(path)
     tokens = np.random.RandomState(3).randint(0, TINY["vocab_size"], (2, 37))
@@ -74,7 +77,7 @@ def test_cached_blocks_equal_full_forward(tiny_models, family):
     assert (np.concatenate(got, 1).argmax(-1) == full.argmax(-1)).all()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe", "gpt_oss", "qwen3_5", "gemma3", "deepseek_v3", "gemma4_moe"])
 def test_padding_changes_no_sequence(tiny_models, family):
     """A row's logits do not depend on the other rows of its batch or on its padding (with experts:
     on which tokens share an expert), in the padded prefill and in the block after it (Qwen3.5: the
@@ -441,3 +444,59 @@ def test_multi_token_prediction_layers_are_not_part_of_the_target(tmp_path, tiny
         ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / family, tmp_path / f"{family}-ck"))
         want = checkpoint.load_target(path).params
         np.testing.assert_array_equal(ck.params["layers_3"]["attn"]["kv_b_proj"], want["layers_3"]["attn"]["kv_b_proj"])
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
+def test_defaults_of_a_minimal_gemma4_config_are_transformers(family):
+    """A Gemma 4 config.json that leaves fields out (text, or multimodal with a ``text_config``) reads as
+    transformers' ``Gemma4TextConfig`` fills it in: the layer pattern (the last layer full), the full
+    layers' head size and key/value heads, proportional RoPE, per-layer inputs, a tied head."""
+    import transformers
+
+    text = {"vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4}
+    text.update(attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2)
+    theirs = transformers.Gemma4TextConfig(**text)
+    minimal = {"model_type": "gemma4_text", **text}
+    ours = hf_format.read_config({"model_type": "gemma4", "text_config": minimal} if family == "gemma4" else minimal)
+    assert ours.family == "gemma4" and list(ours.layer_types) == theirs.layer_types
+    full = theirs.layer_types.index("full_attention")
+    layer = theirs.per_layer_config  # head_dim and num_key_value_heads are per layer there
+    assert ours.layer_head_dim(full) == layer[full].head_dim != ours.layer_head_dim(0) == layer[0].head_dim
+    assert ours.layer_kv_heads(full) == layer[full].num_key_value_heads
+    assert ours.layer_kv_heads(0) == layer[0].num_key_value_heads and ours.sliding_window == theirs.sliding_window
+    rope = theirs.rope_parameters
+    assert ours.rope_proportion == rope["full_attention"]["partial_rotary_factor"]
+    assert ours.rope_theta == rope["full_attention"]["rope_theta"]
+    assert ours.local_rope_theta == rope["sliding_attention"]["rope_theta"]
+    assert ours.per_layer_input == theirs.hidden_size_per_layer_input and ours.tie_word_embeddings
+    assert ours.per_layer_vocab == theirs.vocab_size_per_layer_input
+    modes = theirs.kv_sharing_modes
+    assert [ours.kv_source(i) is not None for i in range(8)] == [m == "reuse" for m in modes]
+    saved = hf_format.read_config({**theirs.to_dict(), "model_type": "gemma4_text"})  # transformers 5's layout
+    assert saved == hf_format.read_config(minimal)
+
+
+def test_multimodal_gemma4_checkpoint_converts_to_its_language_model(tmp_path):
+    """A Gemma 4 checkpoint with its vision tower (``model.language_model.*``, ``model.vision_tower.*``,
+    ``model.embed_vision.*``): the target is the language model, equal to transformers' forward on text."""
+    import torch
+    import transformers
+    from helpers import GEMMA4, tiny_tokenizer
+
+    text = dict(TINY, **{k: v for k, v in GEMMA4.items() if k != "tie_word_embeddings"})
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8)
+    config = transformers.Gemma4Config(
+        text_config=text, vision_config={**vision, "global_head_dim": 8}, audio_config=None
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(config).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    tiny_tokenizer(TINY["vocab_size"]).save_pretrained(tmp_path / "hf")
+    ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / "hf", tmp_path / "ck"))
+    assert ck.cfg.family == "gemma4" and ck.cfg.tie_word_embeddings and ck.cfg.kv_source(3) == 1
+    tokens = np.random.RandomState(2).randint(0, TINY["vocab_size"], (2, 30))
+    ours, _, _ = _forward(ck, tokens)
+    assert_close(ours, hf_logits(model, tokens), TINY_REL)

@@ -100,7 +100,7 @@ def test_bad_budgets_are_refused():
         build_tree(np.zeros((1, 2, 3), np.float32), 0)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe", "gemma3", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss", "qwen3_moe", "gemma3", "deepseek_v3", "gemma4"])
 def test_a_tree_block_gives_each_node_the_logits_of_its_own_path(tiny_models, family):
     """One verify of a tree block (``Target(tree=...)``: slots by node, positions by depth, each node
     seeing the cache and its ancestors) gives every node the target's logits after its own path,
@@ -249,7 +249,8 @@ def test_the_ancestor_mask_and_the_walk_follow_the_parents():
 # --- trees in the decoding loop ---
 
 FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe"]  # dense; sliding window with sinks; mixture of experts
-LATER = ["gemma3", "deepseek_v3"]  # its own RoPE per layer kind; latent attention (latent rows compacted)
+# own RoPE per layer kind; latent attention (latent rows compacted); layers reading others' caches
+LATER = ["gemma3", "deepseek_v3", "gemma4"]
 _TARGETS = {}
 
 
