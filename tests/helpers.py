@@ -104,22 +104,24 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 
-# Gemma 3: sliding (window 8) and global layers alternating, each with its own RoPE (the global one
+# Gemma 3: a sliding (window 8) and a global layer, each with its own RoPE (the global one
 # linearly scaled), attention scaled by query_pre_attn_scalar (not head_dim), a final logit soft-cap
 # (Gemma 3 releases have none; it proves the path), a tied head
 GEMMA3 = dict(
     tie_word_embeddings=True,
+    num_hidden_layers=2,  # one of each kind (compiles in half the time of four)
     sliding_window=8,
-    layer_types=["sliding_attention", "full_attention"] * 2,
+    layer_types=["sliding_attention", "full_attention"],
     query_pre_attn_scalar=24,
     final_logit_softcapping=30.0,
     rope_scaling={"rope_type": "linear", "factor": 4.0},
 )
 
 # DeepSeek-V3: multi-head latent attention (query rank 24, latent 16, 8 + 8 query/key dims of which 8
-# rotary, interleaved; values of 12), YaRN with mscale_all_dim (the attention scale's factor), one dense
-# layer then 8 experts in 4 groups (2 kept, 2 experts a token), a shared expert, routed scaling 2.5
+# rotary, interleaved; values of 12), YaRN with mscale_all_dim (the attention scale's factor), a dense
+# layer then one with 8 experts in 4 groups (2 kept, 2 experts a token), a shared expert, routed scaling 2.5
 DEEPSEEK_V3 = dict(
+    num_hidden_layers=2,  # the dense layer and one with experts
     num_key_value_heads=4,
     head_dim=8,  # transformers' RoPE reads head_dim, which DeepseekV3Config means to be qk_rope_head_dim
     q_lora_rank=24,
@@ -142,9 +144,10 @@ DEEPSEEK_V3 = dict(
         "mscale_all_dim": 1.0,
     },
 )
-# GLM-4.5: grouped-query attention with half the head rotary, q/k norms, q/k/v biases; one dense layer
-# then 8 experts in 2 groups (1 kept), a shared expert
+# GLM-4.5: grouped-query attention with half the head rotary, q/k norms, q/k/v biases; a dense layer
+# then one with 8 experts in 2 groups (1 kept), a shared expert
 GLM4_MOE = dict(
+    num_hidden_layers=2,
     n_routed_experts=8,
     num_experts_per_tok=2,
     moe_intermediate_size=32,

@@ -152,8 +152,8 @@ CLI_FAMILIES = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=8),
     "qwen3_5": LINEAR,
     "gemma3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2),
-    "deepseek_v3": DEEPSEEK_V3,
-    "glm4_moe": GLM4_MOE,
+    "deepseek_v3": dict(DEEPSEEK_V3, num_hidden_layers=4),  # four layers: the drafter reads layers 1 and 2
+    "glm4_moe": dict(GLM4_MOE, num_hidden_layers=4),
     "gemma4": GEMMA4_MOE,
 }  # (Qwen3.5-MoE's tiny folder loads its word-level tokenizer as one that encodes "t10" to nothing)
 

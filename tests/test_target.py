@@ -432,18 +432,20 @@ def test_multi_token_prediction_layers_are_not_part_of_the_target(tmp_path, tiny
 
     for family, refused in (("deepseek_v3", False), ("llama", True)):
         _, hf_dir, path = tiny_models[family]
+        last = checkpoint.load_target(path).cfg.num_layers - 1
         shutil.copytree(hf_dir, tmp_path / family)
         weights = next((tmp_path / family).glob("*.safetensors"))
         tensors = load_file(weights)
-        tensors["model.layers.4.eh_proj.weight"] = np.ones((64, 128), np.float32)  # as DeepSeek-V3's MTP layer
+        mtp = f"model.layers.{last + 1}.eh_proj.weight"  # as DeepSeek-V3's multi-token-prediction layer
+        tensors[mtp] = np.ones((64, 128), np.float32)
         save_file(tensors, weights, metadata={"format": "pt"})
         if refused:
-            with pytest.raises(checkpoint.CheckpointError, match="model.layers.4.eh_proj.weight"):
+            with pytest.raises(checkpoint.CheckpointError, match=mtp):
                 checkpoint.convert_hf(tmp_path / family, tmp_path / f"{family}-ck")
             continue
         ck = checkpoint.load_target(checkpoint.convert_hf(tmp_path / family, tmp_path / f"{family}-ck"))
-        want = checkpoint.load_target(path).params
-        np.testing.assert_array_equal(ck.params["layers_3"]["attn"]["kv_b_proj"], want["layers_3"]["attn"]["kv_b_proj"])
+        want = checkpoint.load_target(path).params[f"layers_{last}"]["attn"]["kv_b_proj"]
+        np.testing.assert_array_equal(ck.params[f"layers_{last}"]["attn"]["kv_b_proj"], want)
 
 
 @pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
