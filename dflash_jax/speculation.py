@@ -381,10 +381,10 @@ def plan_for(
     if loaded == "ngram":
         return make_plan(ngram, label="prompt lookup alone", **settings)
     alone = DraftStep(loaded.cfg, ck.cfg)
-    auto_on_cpu = loaded.shipped and (backend or jax.default_backend()) == "cpu"
+    on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
+    auto_on_cpu = loaded.shipped and on_cpu
     if budget:
         branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
-        on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
         step = TreeStep(alone, budget, branch, min(2, ngram_max), skip_drafter=on_cpu and branch is not None)
         words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
         if auto_on_cpu and settings["block_size"] is None and prompt_lookup:  # as the chains' CPU default
@@ -392,7 +392,6 @@ def plan_for(
         return make_plan(step, loaded.params, label=words, **settings)
     reads = loaded.cfg.block_input == "ngram"  # its block input is the prompt-lookup continuation
     label = f"{loaded.label} {'reading prompt lookup' if reads else 'alone'}"
-    auto_on_cpu = loaded.shipped and (backend or jax.default_backend()) == "cpu"
     if not prompt_lookup or (reads and not auto_on_cpu):
         return make_plan(alone, loaded.params, label=label, **settings)
     ngram = dataclasses.replace(ngram, block_size=loaded.cfg.block_size)
