@@ -64,15 +64,19 @@ def tiny_models(tmp_path_factory):
         "gemma4": GEMMA4,
         "gemma4_moe": GEMMA4_MOE,
     }
-    out = {}
     root = tmp_path_factory.mktemp("tiny")
-    for family, kw in variants.items():
-        model = make_hf_model(
-            family.removesuffix("_moe") if family == "gemma4_moe" else family, root / f"{family}-hf", **kw
-        )
-        checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
-        out[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
-    return out
+
+    class Made(dict):  # each family built the first time a test asks for it (a worker may never need most)
+        def __missing__(self, family):
+            if family not in variants:
+                raise KeyError(family)
+            hf_family = "gemma4" if family == "gemma4_moe" else family
+            model = make_hf_model(hf_family, root / f"{family}-hf", **variants[family])
+            checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
+            self[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
+            return self[family]
+
+    return Made()
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,8 @@ from dflash_jax.train_step import sharded_step, train_step
 # stands for the hybrids here: its rollback is the dense Qwen3.5's, whose batched decoding is
 # compared with transformers' generate in test_decode.py
 # GLM-4.5 (grouped-query attention, partial RoPE, DeepSeek-V3's router) is here through the CLI only
-FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "gemma3", "deepseek_v3", "gemma4_moe"]
+# Gemma 3 (a sliding window as gpt-oss's, dense layers) is here through the CLI; its loop is test_tree.py's
+FAMILIES = ["qwen3_moe", "gpt_oss", "qwen3_5_moe", "deepseek_v3", "gemma4_moe"]
 
 
 def _load(tiny_models, family):
