@@ -1,7 +1,7 @@
 """First-compile and steady-state times of each target family at tiny shapes (random weights, CPU).
 
 For each family (llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, qwen3_5_moe, gemma3, deepseek_v3,
-glm4_moe; ``--families`` picks some) a tiny random model is built with transformers (4 layers, width
+glm4_moe, gemma4; ``--families`` picks some) a tiny random model is built with transformers (4 layers, width
 64, 8 experts of 32 with 2 per token for the MoE ones, three Gated DeltaNet layers and one gated
 attention layer for the Qwen3.5 ones, the tests' variants for the later ones), converted,
 and decoded: plain greedy (32 new tokens) and speculative with a random 1-layer drafter at block 4.
@@ -40,7 +40,14 @@ VARIANTS = {
         shared_expert_intermediate_size=32,
     ),
 }
-LATER = ("gemma3", "deepseek_v3", "glm4_moe")  # the tests' variants (tests/helpers.py: GEMMA3, DEEPSEEK_V3, GLM4_MOE)
+# the tests' variants (tests/helpers.py: GEMMA3, DEEPSEEK_V3, GLM4_MOE, GEMMA4), at 4 layers as the others here
+LATER = ("gemma3", "deepseek_v3", "glm4_moe", "gemma4")
+
+
+def four_layers(kw: dict) -> dict:
+    """A tests' variant at 4 layers (its layer pattern repeated)."""
+    types = kw.get("layer_types")
+    return {**kw, "num_hidden_layers": 4, **({"layer_types": (types * 4)[:4]} if types else {})}
 
 
 def main():
@@ -51,7 +58,7 @@ def main():
     import helpers
     from helpers import make_hf_model
 
-    VARIANTS.update({f: getattr(helpers, f.upper()) for f in LATER})
+    VARIANTS.update({f: four_layers(getattr(helpers, f.upper())) for f in LATER})
 
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
