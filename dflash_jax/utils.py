@@ -270,15 +270,22 @@ def atomic_folder(out: str | os.PathLike, overwrite: bool = False, kind: str = "
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+CACHE_MAX_BYTES = 16 * 2**30  # the persistent compilation cache's size limit (it turns on its file lock)
+
+
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
     """Turn on JAX's persistent compilation cache (``$DFLASH_JAX_COMPILATION_CACHE`` or ``<home>/jax_cache``).
 
     Repeated runs then load compiled executables instead of recompiling. The folder can
-    be moved (point the variable at it) or deleted at any time.
+    be moved (point the variable at it) or deleted at any time. Processes may share it: a size limit
+    (``CACHE_MAX_BYTES``, least recently used entries evicted past it) turns on JAX's file lock around
+    every read and write, without which one process can read an entry another is still writing (a
+    test worker crashed deserializing one, 2026-12-05).
     """
     path = str(path or os.environ.get("DFLASH_JAX_COMPILATION_CACHE") or home() / "jax_cache")
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
