@@ -7,8 +7,9 @@ behind ``READERS`` (a table from ``model_type`` to a small function), the pieces
 (``param_names``, ``is_extra``).
 
 Defaults for the fields a config may leave out are those of transformers' config class of the
-family (``LlamaConfig``, ``Qwen3MoeConfig``, ``GptOssConfig``, ``Qwen3_5TextConfig``, ...), so a
-minimal config reads as transformers reads it (tests/test_target.py compares them).
+family (``LlamaConfig``, ``Qwen3MoeConfig``, ``GptOssConfig``, ``Qwen3_5TextConfig``,
+``Gemma3TextConfig``, ``Gemma4TextConfig``, ``DeepseekV3Config``, ``Glm4MoeConfig``, ...), so a minimal
+config reads as transformers reads it (tests/test_target.py compares them).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
       ConfigError: ``hf`` not a dict; an unknown ``model_type`` (one line listing
         ``SUPPORTED_FAMILIES``); a required field missing or malformed (named); a size not a
         positive integer, or ``num_attention_heads`` not a multiple of ``num_key_value_heads``;
-        quantised weights; or a feature we do not implement (sliding-window attention outside
-        gpt-oss, an unknown RoPE type, a non-SiLU activation, MLP biases, partial rotary
-        embeddings outside Qwen3.5), each named.
+        quantised weights; or a feature we do not implement (sliding-window attention in the Qwen
+        families, an unknown RoPE type, an activation other than the family's (SiLU; Gemma's tanh
+        GELU), MLP biases, partial rotary embeddings outside Qwen3.5 and GLM-4.5, bidirectional
+        attention, DeepSeek-style expert groups that do not divide the experts), each named.
     """
     if not isinstance(hf, dict):
         raise ConfigError("config.json must hold a JSON object")
