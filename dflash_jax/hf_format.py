@@ -552,7 +552,7 @@ def _rope(
         rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0 if partial is None else partial))
     )
     if factor != 1.0 and partial is None:
-        raise ConfigError("partial_rotary_factor != 1 is not supported outside Qwen3.5")
+        raise ConfigError("partial_rotary_factor != 1 is not supported outside Qwen3.5 and GLM-4.5")
     scaling = yarn = None
     if rope_type == "llama3":
         keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
