@@ -64,16 +64,19 @@ def tiny_models(tmp_path_factory):
         "gemma4": GEMMA4,
         "gemma4_moe": GEMMA4_MOE,
     }
-    out = {}
     root = tmp_path_factory.mktemp("tiny")
-    # every family built at the session's start: built lazily, between tests, a later test of the same
-    # worker crashed (segmentation fault) deserializing a cached executable, twice in the suite, never alone
-    for family, kw in variants.items():
-        hf_family = "gemma4" if family == "gemma4_moe" else family
-        model = make_hf_model(hf_family, root / f"{family}-hf", **kw)
-        checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
-        out[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
-    return out
+
+    class Made(dict):  # each family built the first time a test asks for it (a worker may never need most)
+        def __missing__(self, family):
+            if family not in variants:
+                raise KeyError(family)
+            hf_family = "gemma4" if family == "gemma4_moe" else family
+            model = make_hf_model(hf_family, root / f"{family}-hf", **variants[family])
+            checkpoint.convert_hf(root / f"{family}-hf", root / f"{family}-ckpt")
+            self[family] = (model, root / f"{family}-hf", root / f"{family}-ckpt")
+            return self[family]
+
+    return Made()
 
 
 @pytest.fixture(scope="session")
