@@ -166,10 +166,7 @@ def _gpt_oss(hf: dict[str, Any], family: str) -> dict[str, Any]:
     attention sinks, biased attention, YaRN RoPE; experts in every layer (top k of the biased router
     logits, then a softmax over those k; the clamped SwiGLU)."""
 
-    def alternate(n: int) -> tuple[str, ...]:
-        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n))
-
-    num_layers, layer_types = _layers(hf, family, "sliding_attention", alternate)
+    num_layers, layer_types = _layers(hf, family, "sliding_attention", _every(2, "sliding_attention"))
     sliding = "sliding_attention" in layer_types
     if sliding and "sliding_window" in hf and not hf["sliding_window"]:
         raise ConfigError("config.json has sliding_attention layers but sliding_window is null or 0; set the window")
@@ -202,10 +199,7 @@ def _qwen3_5(hf: dict[str, Any], family: str) -> dict[str, Any]:
     zero-centred norms; Qwen3.5-MoE has experts in every layer (softmax, top k, always renormalised)
     and a gated shared expert."""
 
-    def every(n: int) -> tuple[str, ...]:
-        k = int(hf.get("full_attention_interval", 4))
-        return tuple("linear_attention" if (i + 1) % k else "full_attention" for i in range(n))
-
+    every = _every(int(hf.get("full_attention_interval", 4)), "linear_attention")
     num_layers, layer_types = _layers(hf, family, "linear_attention", every)
     rope, heads = _rope(hf, partial=0.25), _heads(hf, head_dim=256)
     linear = LinearAttentionConfig(
@@ -252,10 +246,7 @@ def _gemma3(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if hf.get("use_bidirectional_attention"):
         raise ConfigError("use_bidirectional_attention=true is an encoder's setting; a decoding target is causal")
 
-    def every(n: int) -> tuple[str, ...]:
-        k = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6)
-        return tuple("sliding_attention" if (i + 1) % k else "full_attention" for i in range(n))
-
+    every = _every(int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6), "sliding_attention")
     num_layers, layer_types = _layers(hf, family, "sliding_attention", every)
     params = hf.get("rope_parameters") or {}
     nested = "full_attention" in params or "sliding_attention" in params  # transformers 5: one set per layer type
@@ -302,10 +293,7 @@ def _gemma4(hf: dict[str, Any], family: str) -> dict[str, Any]:
     if hf.get("use_bidirectional_attention") == "all":
         raise ConfigError("use_bidirectional_attention='all' is an encoder's setting; a decoding target is causal")
 
-    def every(n: int) -> tuple[str, ...]:
-        return tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n))
-
-    num_layers, layer_types = _layers(hf, family, "sliding_attention", every)
+    num_layers, layer_types = _layers(hf, family, "sliding_attention", _every(6, "sliding_attention"))
     if layer_types and layer_types[-1] != "full_attention":  # as Gemma4TextConfig: the last layer is global
         layer_types = (*layer_types[:-1], "full_attention")
     params = hf.get("rope_parameters") or {}
@@ -527,6 +515,11 @@ def _layers(
     if layer_types and len(layer_types) != num_layers:
         raise ConfigError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={num_layers}")
     return num_layers, layer_types if set(layer_types) - {"full_attention"} else ()
+
+
+def _every(k: int, kind: str) -> Callable[[int], tuple[str, ...]]:
+    """A family's default ``layer_types``: every ``k``-th layer full attention, the others ``kind``."""
+    return lambda n: tuple(kind if (i + 1) % k else "full_attention" for i in range(n))
 
 
 def _rope(
