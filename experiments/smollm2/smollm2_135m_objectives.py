@@ -1,5 +1,5 @@
 """Issue 38's objective study for SmolLM2 on this 2-core CPU: the shipped drafter
-(``assets/smollm2-135m-instruct-dflash``, a DFlash 2 drafter reading prompt lookup) continued with its own
+(``dflash_jax/assets/smollm2-135m-instruct-dflash``, a DFlash 2 drafter reading prompt lookup) continued with its own
 recipe (``configs/smollm2_135m_shipped.py``) on every made shard of ``data/smollm2-mix`` (48: the 5 it saw
 and 43 it never did), the target's forward in every step (the distribution objectives read its head, which
 stored features do not hold), one arm per objective (``experiments/smollm2/study_issue38.sh`` sets
@@ -21,7 +21,7 @@ def get_config() -> ConfigDict:
     c.data_shards = 48  # shipped: 5
     c.out_dir = "runs/study38/ce"  # shipped: "runs/smollm2_135m_shipped"
     c.seed = 0
-    c.init_from = "assets/smollm2-135m-instruct-dflash"  # shipped: "assets/smollm2-135m-instruct-dflash-stage5"
+    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: "assets/smollm2-135m-instruct-dflash-stage5"
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
