@@ -170,6 +170,18 @@ def _plan(args, ck, tok, drafter=None, **overrides):
         sys.exit(f"error: {e}")
 
 
+def _tree_arm(value: str) -> tuple[int, bool]:
+    """A ``--tree-arms`` value: ``N`` (the drafter's tree alone) or ``N+lookup`` (with prompt lookup's branch)."""
+    budget, plus, branch = value.partition("+")
+    try:
+        n = speculation.parse_tree(budget)
+    except ValueError:
+        n = 0
+    if not n or (plus and branch != "lookup"):
+        raise argparse.ArgumentTypeError(f"{value!r}: pass a node budget of 2 or more, alone (16) or as 16+lookup")
+    return n, bool(plus)
+
+
 def _sampling(args):
     try:
         return Sampling(args.temperature, args.top_p, args.top_k)
@@ -440,12 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--tree-arms",
-        type=int,
+        type=_tree_arm,
         nargs="*",
         default=[],
-        metavar="N",
-        help="also measure the DFlash drafter alone as a draft tree of N nodes per round at its own block size "
-        "(rows tree16, ...; compare with its chain row at that block)",
+        metavar="N[+lookup]",
+        help="also measure the DFlash drafter as a draft tree of N nodes per round at its own block size, every "
+        "node verified: alone (N: rows tree16, ...) or with prompt lookup's continuation as one more branch of "
+        "every row's tree (N+lookup: rows tree16+lookup, ...); compare with its chain row at that block",
     )
     b.add_argument(
         "--default-arm",
@@ -947,10 +960,19 @@ def cmd_bench(args) -> None:
         arms.append("ngram")
         ngram = NgramStep(args.ngram_max, args.ngram_min, max(blocks))
         plans["ngram"] = speculation.make_plan(ngram, label="prompt lookup alone")
-    for n in args.tree_arms:  # the drafter alone as a tree of n nodes, every node verified
-        arms.append(f"tree{n}")
-        plans[f"tree{n}"] = _plan(
-            args, ck, tok, drafter, prompt_lookup=False, block_size=None, tree=n, verify_lengths=None
+    for n, lookup in args.tree_arms:  # a tree of n nodes at the drafter's block, every node verified
+        name = f"tree{n}" + ("+lookup" if lookup else "")
+        arms.append(name)
+        plans[name] = _plan(  # with lookup: both drafts in every row's tree, on any backend
+            args,
+            ck,
+            tok,
+            drafter,
+            prompt_lookup=lookup,
+            block_size=drafter.cfg.block_size,
+            tree=n,
+            verify_lengths=None,
+            skip_drafter=False,
         )
     if args.default_arm == "on":  # what generate does with these flags, at generate's default block: with
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone

@@ -329,6 +329,7 @@ def plan_for(
     seed: int = 0,
     backend: str | None = None,
     tree: int | str | None = None,
+    skip_drafter: bool | None = None,
 ) -> Plan | None:
     """The plan for what a user asks (``generate``'s flags); ``None``: plain decoding.
 
@@ -349,7 +350,9 @@ def plan_for(
     branch when ``prompt_lookup``. On a CPU a row with a match then takes the branch alone (the
     drafter's forward skipped when every row has one, ``skip_drafter``) and the shipped drafter drafts
     at ``CPU_BLOCK_SIZE``, as its chains do. Its verify lengths are widths: the anchor and the best
-    ``width - 1`` nodes (``decode.choose_tree_width``).
+    ``width - 1`` nodes (``decode.choose_tree_width``). ``skip_drafter``: whether a tree row with a
+    prompt-lookup match takes the branch alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
+    ``False``: every row's tree holds both drafts, as on an accelerator.
 
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
@@ -385,7 +388,8 @@ def plan_for(
     auto_on_cpu = loaded.shipped and on_cpu
     if budget:
         branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
-        step = TreeStep(alone, budget, branch, min(2, ngram_max), skip_drafter=on_cpu and branch is not None)
+        skip = on_cpu if skip_drafter is None else skip_drafter
+        step = TreeStep(alone, budget, branch, min(2, ngram_max), skip_drafter=skip and branch is not None)
         words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
         if auto_on_cpu and settings["block_size"] is None and prompt_lookup:  # as the chains' CPU default
             settings["block_size"] = min(CPU_BLOCK_SIZE, loaded.cfg.block_size)

@@ -14,7 +14,11 @@ The drafter runs its training forward at every anchor (``anchor_acceptance``: th
 step on the same context, up to float rounding), with its draft vocabulary and prompt-lookup copy
 column as the decoder drafts with them; a DFlash 2 drafter's chain is its selector's greedy walk and
 its tree is scored by the selector (``drafter.selector_tree``), as ``DraftStep.tree``. The tree here
-is the drafter's alone (no prompt-lookup branch). The last round is cut where the answer ends.
+is the drafter's alone, or with ``--lookup-branch`` the tree of ``generate --tree N`` on an accelerator
+(``tree_step.TreeStep`` with every row holding both drafts): prompt lookup's continuation merged in as
+a branch where the last two or more tokens occurred before (``tree.add_branch``, scored by the n-gram
+confidence table), sorted best first and cut to ``N``, built per budget. The last round is cut where
+the answer ends.
 
     .venv/bin/python experiments/study_tree_tau.py --per-set 100 --budgets 8 16 32 64 \\
         --out docs/bench/tree/study_tree_tau.jsonl
@@ -36,12 +40,13 @@ from ngram_acceptance import SETS
 
 
 @functools.cache
-def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),)):
+def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int, ...] = ()):
     """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and,
     per variant, the order in which a ``budget``-node tree added each node (tokens, parents, depths)).
 
     ``variants``: (temperature, log-probability added per depth) of the tree's scores; (1, 0) is the
-    decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries."""
+    decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries. ``lookup``: budgets
+    instead, one tree each with prompt lookup's branch (``_with_branch``), in place of the variants."""
     import jax
     import jax.numpy as jnp
 
@@ -71,6 +76,8 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),)):
         logits = jnp.where(keep, logits, -jnp.inf)
         anchor = toks[0, pos[0]]
         out = []
+        if lookup:
+            return None, [_with_branch(dparams, dcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
         for temperature, per_depth in variants:
             if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
                 if dcfg.dflash2:
@@ -87,6 +94,33 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),)):
         return best, out
 
     return context, trees
+
+
+def _with_branch(dparams, dcfg, hidden, logits, anchor, budget, toks, pos):
+    """The tree of ``TreeStep(DraftStep, budget, NgramStep as plan_for makes it)`` (every row holding both
+    drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the committed tokens
+    ``toks[0, :pos + 1]`` merged in as a branch of up to ``block - 1`` nodes, best first, cut to ``budget``."""
+    import jax
+    import jax.numpy as jnp
+
+    from dflash_jax.drafter import selector_tree
+    from dflash_jax.ngram import NgramStep, ngram_match
+    from dflash_jax.speculation import ngram_confidence
+    from dflash_jax.tree import Tree, add_branch, build_tree, sort_tree
+
+    if dcfg.dflash2:
+        tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget)
+    else:
+        tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
+    k = dcfg.block_size - 1
+    ngram = NgramStep(4, 1, dcfg.block_size, confidence=ngram_confidence(4))
+    rows = jnp.broadcast_to(toks[0], (pos.shape[0], toks.shape[1]))  # positions past pos are never read
+    cont, num, matched = ngram_match(rows, pos, k, ngram.ngram_max, ngram.ngram_min)
+    num = jnp.where(matched >= 2, num, 0)  # TreeStep's min_match
+    logp = jnp.log(jnp.maximum(ngram.token_confidence(matched, num, k), 1e-30))
+    tree = sort_tree(add_branch(tree, cont, num, k, logp))
+    tree = Tree(*(x[:, :budget] for x in tree))
+    return tree.tokens, tree.parent, tree.depth, tree.valid
 
 
 def _variant_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature, per_depth):
@@ -121,9 +155,12 @@ def _variant_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature, pe
     return build_tree_with(children, budget, logits.shape[1], anchor)
 
 
-def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None):
+def acceptance(
+    ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None, lookup=False
+):
     """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's
-    (with ``variants``: per variant, per budget)."""
+    (with ``variants``: per variant, per budget; with ``lookup``: the trees with prompt lookup's branch,
+    per budget)."""
     import jax.numpy as jnp
 
     b, n = dcfg.block_size, len(full)
@@ -134,6 +171,9 @@ def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, c
     keys = tuple(variants) if variants else ((1.0, 0.0),)
     context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys)
     ctx = context(ck.params, dparams, toks)
+    if lookup:
+        _, branched = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets))
+    looked = {m: [] for m in budgets}
     anchors = list(range(start, n - 1))
     chain, tree = [], {v: {m: [] for m in budgets} for v in keys}
     for c in range(0, len(anchors), chunk):
@@ -142,6 +182,8 @@ def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, c
         valid = (np.arange(chunk) < len(part))[None]
         best, out = trees(dparams, ck.params, ctx, toks, pos, valid, allowed)
         best = np.asarray(best)
+        if lookup:
+            _, per_budget = branched(dparams, ck.params, ctx, toks, pos, valid, allowed)
         for j, p in enumerate(part):
             answer = tokens[p + 1 : p + b]
             left = n - 1 - p  # the answer ends: no round commits past it
@@ -159,6 +201,18 @@ def acceptance(ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, c
                 for m in budgets:
                     depth = int(np.sum(np.cumprod(np.asarray(added) < m))) if added else 0
                     tree[v][m].append(min(depth, left - 1))
+            if lookup:  # the greedy accept walk down each budget's own tree
+                for m, arrays in zip(budgets, per_budget):
+                    tok, par, dep, ok = (np.asarray(x)[j] for x in arrays)
+                    at, depth = -1, 0
+                    for d in range(b - 1):
+                        hit = np.flatnonzero(ok & (par == at) & (tok == answer[d]))
+                        if not len(hit):
+                            break
+                        at, depth = int(hit[0]), d + 1
+                    looked[m].append(min(depth, left - 1))
+    if lookup:
+        return chain, looked
     return chain, (tree if variants else tree[keys[0]])
 
 
@@ -182,6 +236,11 @@ def main() -> None:
     ap.add_argument("--per-set", type=int, default=40, help="first turns per set")
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32, 64], help="tree node budgets")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per (set, prompt)")
+    ap.add_argument(
+        "--lookup-branch",
+        action="store_true",
+        help="trees with prompt lookup's continuation as a branch (generate --tree N's; default: the drafter's alone)",
+    )
     args = ap.parse_args()
 
     ck = checkpoint.load_target("smollm2-135m-instruct")
@@ -204,7 +263,7 @@ def main() -> None:
                 continue
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
             full = ids + r["output_ids"]
-            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab)
+            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab, lookup=args.lookup_branch)
             rec = {"set": name, "id": r["id"], "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
             rec["trees"] = {str(m): simulated_rounds(np.add(a, 1)) for m, a in tree.items()}
             with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it

@@ -472,6 +472,9 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     plan = plan_for(ck, "random", tok, tree=12)
     assert isinstance(plan.step, TreeStep) and plan.step.ngram is not None and plan.step.tree_size == 12
     assert plan.verify_lengths == (1, 2, 4, 8, 13) and "tree of 12 nodes with a prompt-lookup branch" in plan.label
+    assert plan.step.skip_drafter  # on a CPU a row with a match takes the branch alone
+    both = plan_for(ck, "random", tok, tree=12, skip_drafter=False)  # bench's tree16+lookup: both in every row
+    assert both.step.ngram is not None and not both.step.skip_drafter
     alone = plan_for(ck, "random", tok, tree="12", prompt_lookup=False, verify_lengths=None)
     assert alone.step.ngram is None and alone.verify_lengths == ()
     assert plan_for(ck, "random", tok, tree="off").step.__class__.__name__ == "HybridStep"
@@ -482,6 +485,14 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     for bad in ("1", "many", 2.5):
         with pytest.raises(ValueError, match="--tree takes off or a node budget of 2 or more"):
             parse_tree(bad)
+    import argparse
+
+    from dflash_jax.cli import _tree_arm  # bench --tree-arms
+
+    assert _tree_arm("16") == (16, False) and _tree_arm("32+lookup") == (32, True)
+    for bad in ("16+ngram", "1+lookup", "+lookup", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="alone .16. or as 16\\+lookup"):
+            _tree_arm(bad)
     with pytest.raises(ValueError, match="a draft tree is built from a DFlash drafter"):
         plan_for(ck, "ngram", tok, tree=8)
     with pytest.raises(ValueError, match=r"must lie in \[1, 9\] for a tree of 8 nodes"):
