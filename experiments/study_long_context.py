@@ -1,17 +1,19 @@
 """Does the drafter's tau fall with context length? (issue 38, "long context")
 
-Long prompts are built from the target's own answers in ``data/smollm2-mix`` (never a benchmark):
-a "document" of whole answers from held-out shards, cut to about ``L`` tokens, then a question about
-it (``QUESTIONS``) or a training prompt to answer after it, in one user turn. Each prompt is decoded
+Long prompts are built from the target's own answers in ``data/smollm2-mix`` (never a benchmark), of
+two kinds (``--kinds``): ``notes``, a "document" of whole answers from held-out shards, cut to about
+``L`` tokens, then a question about it (``QUESTIONS``), in one user turn; ``chat``, a multi-turn
+conversation of about ``L`` tokens, its turns the training prompts of those shards and the target's
+own answers to them, ending with one more prompt to answer. Each prompt is decoded
 greedily with the drafter alone (no prompt lookup, which copies from long prompts and would hide the
 drafter's own tokens), block ``--block-size``, every block token verified; every round's acceptance
 length and start position is kept. Prints tau by prompt length and by where a round starts (tokens
 of context before it).
 
     .venv/bin/python experiments/study_long_context.py --lengths 256 1024 2048 4096 --per-length 6 \\
-        --max-new-tokens 128 --out docs/bench/long_context/pilot.jsonl
+        --max-new-tokens 128 --kinds notes chat --out docs/bench/long_context/pilot.jsonl
 
-Resumable: records already in ``--out`` are kept and skipped.
+Resumable: records already in ``--out`` are kept and skipped (a record without a kind is ``notes``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ QUESTIONS = (
 START_BUCKETS = (0, 512, 1024, 2048, 4096, 8192)
 
 
-def documents(data: Path, shards: range, tok) -> list[str]:
-    """The answers (assistant text) of the given shards, decoded."""
+def exchanges(data: Path, shards: range, tok) -> list[tuple[str, str]]:
+    """(user prompt, the target's answer) of every single-turn sequence of the given shards, decoded
+    (the prompt read from the chat template's user turn)."""
+    import re
+
     from dflash_jax.data import Shard
 
     out = []
@@ -45,9 +50,28 @@ def documents(data: Path, shards: range, tok) -> list[str]:
         off = np.asarray(sh.offsets)
         for i in range(len(off) - 1):
             ids = np.asarray(sh.tokens[off[i] : off[i + 1]])
-            answer = ids[np.asarray(sh.loss_mask[off[i] : off[i + 1]])]
-            out.append(tok.decode(answer.tolist(), skip_special_tokens=True).strip())
+            mask = np.asarray(sh.loss_mask[off[i] : off[i + 1]])
+            users = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", tok.decode(ids[~mask].tolist()), re.S)
+            if len(users) == 1:  # a follow-up's sequence holds two turns: not a single exchange
+                out.append((users[0].strip(), tok.decode(ids[mask].tolist(), skip_special_tokens=True).strip()))
     return out
+
+
+def long_chat(tok, pairs: list[tuple[str, str]], length: int, rs) -> list[int]:
+    """A conversation of about ``length`` tokens: (prompt, answer) turns drawn with ``rs``, then one more
+    prompt, through the chat template (``tokens.chat_ids``)."""
+    from dflash_jax.tokens import chat_ids
+
+    order = rs.permutation(len(pairs))
+    messages, used = [], 0
+    for j in order[:-1]:
+        user, answer = pairs[j]
+        n = len(tok.encode(user + answer, add_special_tokens=False)) + 10  # and the template's tokens
+        if used + n > length and messages:
+            break
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        used += n
+    return chat_ids(tok, [*messages, {"role": "user", "content": pairs[order[-1]][0]}])
 
 
 def long_prompt(tok, docs: list[str], length: int, question: str, rs) -> list[int]:
@@ -74,6 +98,7 @@ def main() -> None:
     ap.add_argument("--drafter", default="auto", help="as generate's --drafter")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "smollm2-mix")
     ap.add_argument("--shards", type=int, nargs=2, default=[30, 42], help="held-out shards the notes come from")
+    ap.add_argument("--kinds", nargs="+", default=["notes"], choices=["notes", "chat"], help="prompt kinds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -89,41 +114,50 @@ def main() -> None:
         ck, args.drafter, tok, block_size=args.block_size, prompt_lookup=False, verify_lengths=None
     )
     dec, stops = Decoder(ck.params, ck.cfg, plan), stop_ids(tok)
-    docs = documents(args.data, range(*args.shards), tok)
+    pairs = exchanges(args.data, range(*args.shards), tok)
+    docs = [answer for _, answer in pairs]
     done = {}
     if args.out.exists():
         for line in args.out.read_text().splitlines():
             r = json.loads(line)
-            done[(r["length"], r["index"])] = r
+            done[(r.get("kind", "notes"), r["length"], r["index"])] = r
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as f:
         for length in args.lengths:
-            for i in range(args.per_length):
-                if (length, i) in done:
-                    continue
-                rs = np.random.RandomState(length * 1000 + i)
-                ids = long_prompt(tok, docs, length, QUESTIONS[i % len(QUESTIONS)], rs)
-                [r] = dec.generate([ids], args.max_new_tokens, stops)
-                starts = (len(ids) + np.concatenate([[0], np.cumsum(r.acceptance_lengths)[:-1]])).tolist()
-                rec = {"length": length, "index": i, "prompt_tokens": len(ids), "tau": r.tau}
-                rec |= {"rounds": r.acceptance_lengths, "starts": starts, "output_tokens": r.num_output_tokens}
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                done[(length, i)] = rec
-                log(f"length {length} #{i}: {len(ids)} prompt tokens, tau {r.tau:.2f}")
-    print_table(list(done.values()), args.lengths)
+            for kind in args.kinds:
+                for i in range(args.per_length):
+                    if (kind, length, i) in done:
+                        continue
+                    rs = np.random.RandomState(length * 1000 + i + (500 if kind == "chat" else 0))
+                    if kind == "chat":
+                        ids = long_chat(tok, pairs, length, rs)
+                    else:
+                        ids = long_prompt(tok, docs, length, QUESTIONS[i % len(QUESTIONS)], rs)
+                    [r] = dec.generate([ids], args.max_new_tokens, stops)
+                    starts = (len(ids) + np.concatenate([[0], np.cumsum(r.acceptance_lengths)[:-1]])).tolist()
+                    rec = {"kind": kind, "length": length, "index": i, "prompt_tokens": len(ids), "tau": r.tau}
+                    rec |= {"rounds": r.acceptance_lengths, "starts": starts, "output_tokens": r.num_output_tokens}
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    done[(kind, length, i)] = rec
+                    log(f"{kind} {length} #{i}: {len(ids)} prompt tokens, tau {r.tau:.2f}")
+    for kind in args.kinds:
+        print(f"\n{kind}:")
+        print_table([r for r in done.values() if r.get("kind", "notes") == kind], args.lengths)
 
 
 def print_table(records: list[dict], lengths) -> None:
-    """Tau by prompt length (rounds pooled: committed tokens / rounds) and by round start."""
-    print("| prompt length (tokens) | prompts | mean prompt tokens | tau |")
-    print("|---|---|---|---|")
+    """Tau by prompt length (rounds pooled: committed tokens / rounds; and the median per prompt) and by
+    round start."""
+    print("| prompt length (tokens) | prompts | mean prompt tokens | tau (pooled) | median tau per prompt |")
+    print("|---|---|---|---|---|")
     for length in lengths:
         rs = [r for r in records if r["length"] == length]
         if rs:
             rounds = [a for r in rs for a in r["rounds"]]
             mean = np.mean([r["prompt_tokens"] for r in rs])
-            print(f"| ~{length} | {len(rs)} | {mean:.0f} | {np.mean(rounds):.2f} |")
+            median = np.median([r["tau"] for r in rs])
+            print(f"| ~{length} | {len(rs)} | {mean:.0f} | {np.mean(rounds):.2f} | {median:.2f} |")
     print("\n| round starts after (tokens of context) | rounds | tau |")
     print("|---|---|---|")
     pairs = [(s, a) for r in records for s, a in zip(r["starts"], r["rounds"])]
