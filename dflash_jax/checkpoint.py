@@ -200,7 +200,7 @@ def load_hf_params(hf_dir: Path, cfg: TargetConfig) -> dict:
     present = {name for p in files for name in safetensors_names(p)}
 
     def ignore(name: str) -> bool:
-        return hf_format.is_extra(cfg, name) or name == tied_head
+        return hf_format.is_extra(cfg, name, present) or name == tied_head
 
     names = hf_format.param_names(cfg, present)
     missing = sorted(set(names) - present)

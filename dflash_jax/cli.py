@@ -206,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "convert",
         help="Hugging Face folder or GGUF file -> orbax target checkpoint",
-        description="Convert a Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss / Qwen3.5 (and Qwen3.5-MoE) checkpoint to a "
-        "dflash-jax (orbax) target checkpoint (README, 'Targets').",
+        description="Convert a Llama / Qwen2 / Qwen3 / Qwen3-MoE / gpt-oss / Qwen3.5 (and Qwen3.5-MoE) / Gemma 3 / "
+        "Gemma 4 / DeepSeek-V3 / Kimi-K2 / GLM-4.5 checkpoint to a dflash-jax (orbax) target checkpoint (README, "
+        "'Targets').",
     )
     src = c.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json, *.safetensors, tokenizer files)")

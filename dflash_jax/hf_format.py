@@ -34,6 +34,21 @@ MULTIMODAL = {
 }
 
 
+# Text-only model types that are another family's architecture: Kimi-K2 is DeepSeek-V3's (its
+# config.json names its own configuration class, which is DeepseekV3Config).
+ALIASES = {"kimi_k2": "deepseek_v3", "kimi_k25": "deepseek_v3"}
+
+# The shape fields transformers' configuration classes fill in where a config.json leaves them out (the
+# released multimodal Gemma 3 folders' text_config, say, gives neither num_attention_heads nor vocab_size).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, num_hidden_layers=26, num_attention_heads=8),
+    "gemma4_text": dict(vocab_size=262144, hidden_size=2304, num_hidden_layers=30, num_attention_heads=8),
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128),
+    "glm4_moe": dict(vocab_size=151552, hidden_size=4096, num_hidden_layers=46, num_attention_heads=96),
+}
+DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
+
+
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
     """Read a Hugging Face ``config.json`` dict (transformers 4.x or 5.x layout) as a ``TargetConfig``.
 
@@ -56,7 +71,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
         raise
     except KeyError as e:
         raise ConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
-    except (TypeError, ValueError, ZeroDivisionError) as e:
+    except (TypeError, ValueError, ZeroDivisionError, IndexError) as e:
         raise ConfigError(f"config.json has a malformed field: {type(e).__name__}: {e}") from None
     sizes = dict(
         vocab_size=cfg.vocab_size,
@@ -99,7 +114,8 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
         raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only 'silu')")
     if hf.get("mlp_bias", False):
         raise ConfigError("mlp_bias=true is not supported")
-    read, family = READERS[family], family.removesuffix("_text")
+    hf = {**DEFAULTS.get(family, {}), **hf}
+    read, family = READERS[family], ALIASES.get(family, family).removesuffix("_text")
     return TargetConfig(family=family, dtype=dtype, **read(hf, family))
 
 
@@ -309,20 +325,23 @@ def _gemma4(hf: dict[str, Any], family: str) -> dict[str, Any]:
     proportion = float(full.get("partial_rotary_factor", 1.0)) if full.get("rope_type") == "proportional" else 0.0
     heads = _heads(hf, head_dim=256)
     kv_heads = int(hf.get("num_key_value_heads") or 4)
+    kinds = layer_types or ("full_attention",) * num_layers  # () when every layer is full
     overrides = {}  # transformers 5's per_layer_config, or the released global_head_dim / num_global_key_value_heads
     for layer, fields in (hf.get("per_layer_config") or {}).items():
-        if layer_types[int(layer)] != "full_attention":
+        if kinds[int(layer)] != "full_attention":
             raise ConfigError(f"per_layer_config for layer {layer}: only full-attention layers may differ")
         overrides.setdefault("head_dim", set()).add(int(fields.get("head_dim", heads[1])))
         overrides.setdefault("kv", set()).add(int(fields.get("num_key_value_heads", kv_heads)))
     if len(overrides.get("head_dim", ())) > 1 or len(overrides.get("kv", ())) > 1:
         raise ConfigError("per_layer_config gives full-attention layers different shapes; one shape is supported")
     k_eq_v = bool(hf.get("attention_k_eq_v", False))
-    global_head_dim = next(iter(overrides["head_dim"])) if overrides else int(hf.get("global_head_dim") or 512)
-    # transformers applies num_global_key_value_heads only with attention_k_eq_v
-    global_kv = int(hf.get("num_global_key_value_heads") or 0) if k_eq_v else 0
-    if overrides:
-        global_kv = next(iter(overrides["kv"]))
+    if "per_layer_config" in hf:  # as Gemma4TextConfig: it then ignores global_head_dim and
+        # num_global_key_value_heads (transformers writes {} where the full layers are like the others)
+        global_head_dim = next(iter(overrides["head_dim"])) if overrides else heads[1]
+        global_kv = next(iter(overrides["kv"])) if overrides else 0
+    else:  # the released configs: global_head_dim, and num_global_key_value_heads only with attention_k_eq_v
+        global_head_dim = int(hf.get("global_head_dim") or 512)
+        global_kv = int(hf.get("num_global_key_value_heads") or 0) if k_eq_v else 0
     shared = int(hf.get("num_kv_shared_layers", 0))
     if shared and {t for t in layer_types[: num_layers - shared]} != set(layer_types):
         raise ConfigError(
@@ -489,6 +508,7 @@ READERS: dict[str, Callable[[dict, str], dict]] = {
     "gemma4": _gemma4,
     "gemma4_text": _gemma4,
     "deepseek_v3": _deepseek_v3,
+    "kimi_k2": _deepseek_v3,
     "kimi_k25": _deepseek_v3,
     "glm4_moe": _glm4_moe,
 }
@@ -720,10 +740,13 @@ def param_names(cfg: TargetConfig, present: Collection[str] = ()) -> dict[str, t
     return names
 
 
-def is_extra(cfg: TargetConfig, name: str) -> bool:
+def is_extra(cfg: TargetConfig, name: str, present: Collection[str] = ()) -> bool:
     """Whether tensor ``name`` of a Hugging Face checkpoint is one the target does not use: rotary
     ``inv_freq`` buffers (derived from the config, saved by old transformers versions), Qwen3.5's
-    vision tower and multi-token-prediction head, Gemma 3's vision tower and projector."""
+    vision tower and multi-token-prediction head, Gemma 3's and 4's and Kimi-K2.5's towers, Gemma 4's
+    unused key/value projections of layers that share another's, and DeepSeek-V3's and GLM-4.5's
+    multi-token-prediction layers (numbered past the last layer, each holding ``eh_proj``: ``present``,
+    the checkpoint's tensor names, says which do)."""
     skipped = cfg.family in HYBRID_FAMILIES and name.startswith(("model.visual.", "mtp."))
     vision = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
     skipped |= cfg.family == "gemma3" and name.startswith(vision)
@@ -734,8 +757,12 @@ def is_extra(cfg: TargetConfig, name: str) -> bool:
     kimi = ("vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector.")
     skipped |= cfg.family == "deepseek_v3" and name.startswith(kimi)
     if cfg.family in ("deepseek_v3", "glm4_moe"):  # multi-token-prediction layers, numbered past the last layer
-        layer = re.match(r"(?:model\.|model\.language_model\.|language_model\.model\.)layers\.(\d+)\.", name)
-        skipped |= layer is not None and int(layer.group(1)) >= cfg.num_layers
+        layer = re.match(r"((?:model\.|model\.language_model\.|language_model\.model\.)layers\.(\d+)\.)", name)
+        # such a layer holds eh_proj (it mixes the embedding and the hidden state); a layer past the last
+        # without it is one config.json does not describe, and stays an error
+        skipped |= (
+            layer is not None and int(layer.group(2)) >= cfg.num_layers and f"{layer.group(1)}eh_proj.weight" in present
+        )
     return skipped or name.endswith("rotary_emb.inv_freq")
 
 

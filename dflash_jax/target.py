@@ -260,28 +260,32 @@ class TargetConfig:
 
 
 def rope_tables(cfg: TargetConfig, sliding: bool = False, head_dim: int | None = None) -> tuple[np.ndarray, float]:
-    """The target's RoPE: inverse frequencies ``[rotary_dim // 2]`` and the cos/sin scale (1 but for YaRN).
+    """The target's RoPE for one layer: inverse frequencies ``[rotary // 2]`` and the cos/sin scale (1 but
+    for YaRN), ``rotary = head_dim * cfg.partial_rotary_factor`` dims rotated. ``head_dim``: the layer's
+    head size (default ``cfg.head_dim``; Gemma 4's full layers have their own, ``global_head_dim``).
     ``sliding``: for a sliding-window layer, which has its own plain RoPE where ``cfg.local_rope_theta``
-    is set (Gemma 3: base 10000 locally, a scaled base-1e6 RoPE on global layers). ``head_dim``: the
-    layer's head size (Gemma 4's global layers: ``global_head_dim``, with their proportional RoPE:
-    ``[head_dim // 2]`` frequencies, zero past the rotated ones, transformers' ``proportional`` type)."""
+    is set (Gemma 3: base 10000 locally, a scaled base-1e6 RoPE on global layers). With
+    ``cfg.rope_proportion`` (Gemma 4's "proportional" type): ``[head_dim // 2]`` frequencies, zero past
+    the rotated ones (transformers' ``_compute_proportional_rope_parameters``)."""
+    hd = head_dim or cfg.head_dim
+    rotary = int(hd * cfg.partial_rotary_factor)
     if sliding and cfg.local_rope_theta:
-        return rope_inv_freq(head_dim or cfg.rotary_dim, cfg.local_rope_theta), 1.0
+        return rope_inv_freq(rotary, cfg.local_rope_theta), 1.0
     if cfg.rope_proportion:
-        hd = head_dim or cfg.head_dim
         angles = int(cfg.rope_proportion * hd // 2)
         rotated = 1.0 / (cfg.rope_theta ** (np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / hd))
         return np.concatenate([rotated.astype(np.float32), np.zeros(hd // 2 - angles, np.float32)]), 1.0
     if cfg.yarn is not None:
-        return yarn_inv_freq(cfg.rotary_dim, cfg.rope_theta, dict(cfg.yarn))
-    return rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
+        return yarn_inv_freq(rotary, cfg.rope_theta, dict(cfg.yarn))
+    return rope_inv_freq(rotary, cfg.rope_theta, cfg.rope_scaling_dict), 1.0
 
 
 def rotate(x: Array, positions: Array, cfg: TargetConfig, sliding: bool = False) -> Array:
-    """RoPE on the first ``cfg.rotary_dim`` dims of ``x`` ``[B, T, N, D]``; the rest pass through
-    (Qwen3.5's partial rotary embedding; its multimodal sections coincide for text positions).
-    ``sliding``: the layer is a sliding-window one (``rope_tables``)."""
-    inv_freq, scale = rope_tables(cfg, sliding, x.shape[-1] if cfg.local_rope_theta or cfg.rope_proportion else None)
+    """RoPE on the first ``x.shape[-1] * cfg.partial_rotary_factor`` dims of ``x`` ``[B, T, N, D]`` (the
+    layer's head, ``rope_tables``); the rest pass through (Qwen3.5's and GLM-4.5's partial rotary
+    embedding; Qwen3.5's multimodal sections coincide for text positions). ``sliding``: the layer is a
+    sliding-window one."""
+    inv_freq, scale = rope_tables(cfg, sliding, x.shape[-1])
     r = 2 * len(inv_freq)
     if r == x.shape[-1]:
         return apply_rope(x, positions, inv_freq, scale)

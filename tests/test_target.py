@@ -321,6 +321,17 @@ def test_defaults_of_a_minimal_gemma3_config_are_transformers(family):
     assert ours.local_rope_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"]
     assert ours.attn_scale == theirs.query_pre_attn_scalar**-0.5 and ours.tie_word_embeddings
     assert ours.final_logit_softcap == 0.0 and theirs.final_logit_softcapping is None
+    # a text_config without the head count or vocabulary (as the released multimodal folders' is):
+    # transformers' defaults, not a refusal
+    sparse = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2}
+    defaults = transformers.Gemma3TextConfig(**sparse)
+    read = hf_format.read_config({"model_type": "gemma3", "text_config": sparse})
+    assert (read.num_heads, read.num_kv_heads, read.vocab_size, read.head_dim) == (
+        defaults.num_attention_heads,
+        defaults.num_key_value_heads,
+        defaults.vocab_size,
+        defaults.head_dim,
+    )
     # transformers 4.x's layout: rope_theta, rope_local_base_freq and rope_scaling at the top level
     old = {"model_type": "gemma3_text", **text, "rope_theta": 5e5, "rope_local_base_freq": 2e4}
     old = hf_format.read_config({**old, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
@@ -388,6 +399,7 @@ def test_defaults_of_a_minimal_grouped_router_config_are_transformers(family):
         assert ours.head_dim == theirs.head_dim and ours.attn_scale == theirs.qk_head_dim**-0.5
         no_q_rank = hf_format.read_config({**minimal, "q_lora_rank": None})
         assert no_q_rank.latent.q_lora_rank == 0
+        assert hf_format.read_config({**minimal, "model_type": "kimi_k2"}) == ours  # Kimi-K2: DeepSeek-V3's model
     else:
         assert ours.latent is None and ours.num_kv_heads == theirs.num_key_value_heads
         assert ours.partial_rotary_factor == theirs.rope_parameters["partial_rotary_factor"] == 0.5
@@ -430,13 +442,15 @@ def test_multi_token_prediction_layers_are_not_part_of_the_target(tmp_path, tiny
 
     from safetensors.numpy import load_file, save_file
 
-    for family, refused in (("deepseek_v3", False), ("llama", True)):
+    for family, refused in (("deepseek_v3", False), ("llama", True), ("glm4_moe", True)):
         _, hf_dir, path = tiny_models[family]
         last = checkpoint.load_target(path).cfg.num_layers - 1
         shutil.copytree(hf_dir, tmp_path / family)
         weights = next((tmp_path / family).glob("*.safetensors"))
         tensors = load_file(weights)
         mtp = f"model.layers.{last + 1}.eh_proj.weight"  # as DeepSeek-V3's multi-token-prediction layer
+        if family == "glm4_moe":  # a real layer past the last (config.json says one layer fewer): not skipped
+            mtp = f"model.layers.{last + 1}.input_layernorm.weight"
         tensors[mtp] = np.ones((64, 128), np.float32)
         save_file(tensors, weights, metadata={"format": "pt"})
         if refused:
@@ -476,6 +490,43 @@ def test_defaults_of_a_minimal_gemma4_config_are_transformers(family):
     assert [ours.kv_source(i) is not None for i in range(8)] == [m == "reuse" for m in modes]
     saved = hf_format.read_config({**theirs.to_dict(), "model_type": "gemma4_text"})  # transformers 5's layout
     assert saved == hf_format.read_config(minimal)
+    # full layers like the others: transformers saves per_layer_config {} and no global_head_dim, and reads
+    # that back as head_dim everywhere (not the 512 of a config without per_layer_config)
+    plain = transformers.Gemma4TextConfig(**{**text, "global_head_dim": 16, "head_dim": 16})
+    saved = {**plain.to_dict(), "model_type": "gemma4_text"}
+    again = transformers.Gemma4TextConfig(**{k: v for k, v in saved.items() if k != "model_type"})
+    ours = hf_format.read_config(saved)
+    full = again.layer_types.index("full_attention")
+    assert ours.layer_head_dim(full) == again.per_layer_config[full].head_dim == 16
+    # every layer full attention (layer_types then reads as ()): transformers' per-layer shapes, no crash
+    every = transformers.Gemma4TextConfig(**{**text, "layer_types": ["full_attention"] * 8, "global_head_dim": 32})
+    ours = hf_format.read_config({**every.to_dict(), "model_type": "gemma4_text"})
+    assert ours.layer_types == () and [ours.layer_head_dim(i) for i in range(8)] == [32] * 8
+
+
+def test_rope_of_a_layer_with_its_own_head_size_is_transformers():
+    """Gemma 4's full layers with plain ("default") RoPE and a head size of their own: the inverse
+    frequencies span that head (transformers' rope init for the layer type), not the sliding layers'."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from dflash_jax.target import rope_tables
+
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    }
+    text = {"vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16}
+    theirs = transformers.Gemma4TextConfig(**text, global_head_dim=32, rope_parameters=rope)
+    ours = hf_format.read_config({**theirs.to_dict(), "model_type": "gemma4_text"})
+    for kind, head, sliding in (("full_attention", 32, False), ("sliding_attention", 16, True)):
+        init = ROPE_INIT_FUNCTIONS.get(theirs.rope_parameters[kind]["rope_type"])
+        if init is None:  # "default" has no entry: base ** (-2i / head)
+            base = theirs.rope_parameters[kind]["rope_theta"]
+            want = 1.0 / base ** (np.arange(0, head, 2, dtype=np.float32) / head)
+        else:
+            want = init(theirs, "cpu", layer_type=kind)[0].numpy()
+        np.testing.assert_allclose(rope_tables(ours, sliding, head)[0], want, rtol=1e-6)
 
 
 def test_multimodal_gemma4_checkpoint_converts_to_its_language_model(tmp_path):
