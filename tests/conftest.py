@@ -1,3 +1,7 @@
+"""Shared fixtures. Fixtures that build models, data or trained drafters are session-scoped, also in
+the test modules: under pytest-xdist's worksteal a worker can leave a module and come back to it, and
+a module-scoped fixture is torn down and built again each time (a trained drafter: about a minute)."""
+
 import os
 
 # Eight simulated CPU devices for the mesh tests; must be set before jax is imported.

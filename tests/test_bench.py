@@ -145,7 +145,7 @@ def test_records_of_other_settings_name_the_fields_that_differ(tmp_path):
     assert records.read_text().count("\n") == 1  # nothing written
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bench_setup(tiny_models, tmp_path_factory):
     from dflash_jax import checkpoint
     from dflash_jax.drafter import DrafterConfig, init_drafter_params

@@ -12,7 +12,7 @@ from dflash_jax.decode import Decoder
 from dflash_jax.tokens import loops
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def target(tiny_models):
     _, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)

@@ -16,7 +16,7 @@ def _hf_greedy(model, prompt, n, eos=None):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def qwen3(tiny_models):
     hf, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)

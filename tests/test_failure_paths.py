@@ -34,7 +34,7 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def target(tiny_models):
     _, hf_dir, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)

@@ -46,7 +46,7 @@ def _load(tiny_models, family):
     return path, ck, Decoder(ck.params, ck.cfg)
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="session", params=FAMILIES)
 def family_target(request, tiny_models):
     return _load(tiny_models, request.param)
 

@@ -13,7 +13,7 @@ from dflash_jax.sharding import make_mesh
 from dflash_jax.train_step import sharded_step, train_step
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def setup(tiny_models):
     from helpers import make_hf_model  # noqa: F401  (tiny_models builds the checkpoints)
 

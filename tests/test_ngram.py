@@ -125,7 +125,7 @@ class _Tiny(NamedTuple):
 VG = 24  # the greedy tests' vocabulary: small, so that the target's own output repeats itself
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def target():
     """A tiny qwen3 (``helpers.TINY`` with a vocabulary of 24) with weights drawn as ``helpers.make_hf_model``
     draws them (std 0.2, norm scales 1 + 0.1 N(0, 1)) so that argmax ties are improbable: (target, plain decoder)."""
@@ -274,7 +274,7 @@ N, CHUNK = 4096, 2048  # ~3 s of decoding per run on 2 cores after a ~15 s compi
 P_REJECT = 1e-3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny():
     hf = dict(
         model_type="qwen3",

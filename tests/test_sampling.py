@@ -30,7 +30,7 @@ N, CHUNK = 16384, 2048
 P_REJECT = 1e-3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny():
     hf = dict(
         model_type="qwen3",

@@ -13,7 +13,7 @@ from dflash_jax.drafter_io import export_released
 from dflash_jax.speculation import make_plan
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def setup(tiny_models):
     hf, _, path = tiny_models["qwen3"]
     ck = checkpoint.load_target(path)

@@ -30,7 +30,7 @@ CONFIG = str(ROOT / "configs" / "smollm2_135m.py")
 STAGES = ROOT / "experiments" / "smollm2"  # the SmolLM2 drafter's training stages and studies
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """A tiny Qwen3 target and a dataset of its own greedy responses to random prompts.
 
@@ -198,7 +198,7 @@ def test_training_forward_equals_decoder_drafter_random(tiny, layer_types, block
 # --- a real training run: learns, decodes with tau > 2, equals the reference ------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tiny, tmp_path_factory):
     ck, folder = tiny
     out = tmp_path_factory.mktemp("run") / "r"
