@@ -121,3 +121,22 @@ def _executables_compiled_afresh_under_monkeypatch(request):
     decode._EXECUTABLES.clear()
     yield
     decode._EXECUTABLES.clear()
+
+
+# Seconds of worker time per test file (setup, call and teardown summed over every test of the file),
+# printed after the run: where the suite's time goes, for keeping `make test` inside its budget.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"worker time per test file ({total / 60:.1f} worker-minutes in all)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {seconds / total:6.1%}  {path}")
