@@ -123,6 +123,38 @@ def _executables_compiled_afresh_under_monkeypatch(request):
     decode._EXECUTABLES.clear()
 
 
+MAX_MAPPINGS = 20_000  # a test worker's memory mappings past which compiled code nothing holds is dropped
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_code():
+    """After a test, once the worker holds more than ``MAX_MAPPINGS`` memory mappings, drop the compiled
+    executables nothing holds any more (JAX's caches and the decoders' shared ones). Each XLA:CPU
+    executable keeps its code in mappings of its own, and a worker compiles thousands: one running
+    test_tree.py alone passed 50000 (about 500 more a second), the kernel's limit is 65530 a process
+    (``vm.max_map_count``), and past it the next executable loaded from the persistent cache crashed the
+    worker (a segmentation fault in ``deserialize_executable``: three suite runs on 2026-12-05)."""
+    yield
+    if _mappings() > MAX_MAPPINGS:
+        import gc
+
+        import jax
+
+        from dflash_jax import decode
+
+        decode._EXECUTABLES.clear()
+        jax.clear_caches()
+        gc.collect()
+
+
 # Seconds of worker time per test file (setup, call and teardown summed over every test of the file),
 # printed after the run: where the suite's time goes, for keeping `make test` inside its budget.
 _FILE_SECONDS: dict[str, float] = {}
