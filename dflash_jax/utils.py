@@ -279,8 +279,7 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> str:
     Repeated runs then load compiled executables instead of recompiling. The folder can
     be moved (point the variable at it) or deleted at any time. Processes may share it: a size limit
     (``CACHE_MAX_BYTES``, least recently used entries evicted past it) turns on JAX's file lock around
-    every read and write, without which one process can read an entry another is still writing (a
-    test worker crashed deserializing one, 2026-12-05).
+    every read and write, without which one process could read an entry another is still writing.
     """
     path = str(path or os.environ.get("DFLASH_JAX_COMPILATION_CACHE") or home() / "jax_cache")
     os.makedirs(path, exist_ok=True)
