@@ -21,7 +21,7 @@ def get_config() -> ConfigDict:
     c.data_shards = 48  # shipped: 5
     c.out_dir = "runs/study38/ce"  # shipped: "runs/smollm2_135m_shipped"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: "assets/smollm2-135m-instruct-dflash-stage5"
+    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: the stage-5 drafter
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
