@@ -86,9 +86,8 @@ class TreeStep(OnDrafter):
         drafted = partial(self.dflash.tree, *args, tokens=tokens, sampling=sampling)
         if self.ngram is None:
             return self._draft(drafted(), anchor, k)
-        cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
-        use = (matched >= self.min_match) & (num > 0)
-        num = jnp.where(use, num, 0)
+        cont, num, matched = self.lookup(tokens, start, k)
+        use = num > 0
         if self.skip_drafter:  # every row has a match (or is finished): prompt lookup's branch alone
             idle = jnp.all(use | (block_valid <= 1))
             nothing = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(drafted))  # noqa: E731
@@ -98,12 +97,27 @@ class TreeStep(OnDrafter):
             tree = tree._replace(valid=tree.valid & ~use[:, None])
         else:
             tree = drafted()
-        logp_branch = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
-        return self._draft(add_branch(tree, cont, num, self.branch_nodes, logp_branch), anchor, k)
+        return self._draft(self.with_branch(tree, cont, num, matched, k), anchor, k)
+
+    def lookup(self, tokens: Array, start: Array, k: int) -> tuple[Array, Array, Array]:
+        """Prompt lookup's continuation over the committed ``tokens [B, L]`` up to ``start [B]``: int32
+        ``(cont [B, k], num [B], matched [B])`` (``ngram.ngram_match``), ``num`` 0 in rows whose match is
+        shorter than ``min_match``."""
+        cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
+        return cont, jnp.where(matched >= self.min_match, num, 0), matched
+
+    def with_branch(self, tree: Tree, cont: Array, num: Array, matched: Array, k: int) -> Tree:
+        """``tree`` with ``lookup``'s continuation merged in as a branch (``tree.add_branch``, each token
+        scored by the n-gram confidence table), unsorted; ``_draft`` sorts and cuts it."""
+        logp = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
+        return add_branch(tree, cont, num, self.branch_nodes, logp)
+
+    def best(self, tree: Tree) -> Tree:
+        """``tree`` best first, cut to ``budget``: the first n nodes of a sorted tree are its best n-node
+        tree (a prefix of it holds every node's parent), what a verify of n nodes checks."""
+        return Tree(*(x[:, : self.budget] for x in sort_tree(tree)))
 
     def _draft(self, tree, anchor, k: int) -> Draft:
-        # best first, then the best `budget`: the first n nodes of a sorted tree are its best n-node tree
-        # (a prefix of it holds every node's parent), what a verify of n nodes checks
-        tree = Tree(*(x[:, : self.budget] for x in sort_tree(tree)))
+        tree = self.best(tree)
         unused = jnp.zeros((anchor.shape[0], k), jnp.int32)
         return Draft(unused, jnp.zeros_like(anchor), unused.astype(jnp.float32), None, tree)

@@ -77,7 +77,7 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
         anchor = toks[0, pos[0]]
         out = []
         if lookup:
-            return None, [_with_branch(dparams, dcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
+            return None, [_with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
         for temperature, per_depth in variants:
             if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
                 if dcfg.dflash2:
@@ -96,30 +96,29 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
     return context, trees
 
 
-def _with_branch(dparams, dcfg, hidden, logits, anchor, budget, toks, pos):
-    """The tree of ``TreeStep(DraftStep, budget, NgramStep as plan_for makes it)`` (every row holding both
-    drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the committed tokens
-    ``toks[0, :pos + 1]`` merged in as a branch of up to ``block - 1`` nodes, best first, cut to ``budget``."""
+def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos):
+    """The tree of ``plan_for(tree=budget, skip_drafter=False)`` (``tree_step.TreeStep`` with every row
+    holding both drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the
+    committed tokens ``toks[0, :pos + 1]`` merged in (``TreeStep.lookup`` / ``with_branch``), best first,
+    cut to ``budget`` (``TreeStep.best``)."""
     import jax
     import jax.numpy as jnp
 
-    from dflash_jax.drafter import selector_tree
-    from dflash_jax.ngram import NgramStep, ngram_match
+    from dflash_jax.drafter import DraftStep, selector_tree
+    from dflash_jax.ngram import NgramStep
     from dflash_jax.speculation import ngram_confidence
-    from dflash_jax.tree import Tree, add_branch, build_tree, sort_tree
+    from dflash_jax.tree import build_tree
+    from dflash_jax.tree_step import TreeStep
 
     if dcfg.dflash2:
         tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget)
     else:
         tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
+    ngram = NgramStep(4, 1, dcfg.block_size, confidence=ngram_confidence(4))  # plan_for's defaults
+    step = TreeStep(DraftStep(dcfg, tcfg), budget, ngram, min_match=2)
     k = dcfg.block_size - 1
-    ngram = NgramStep(4, 1, dcfg.block_size, confidence=ngram_confidence(4))
     rows = jnp.broadcast_to(toks[0], (pos.shape[0], toks.shape[1]))  # positions past pos are never read
-    cont, num, matched = ngram_match(rows, pos, k, ngram.ngram_max, ngram.ngram_min)
-    num = jnp.where(matched >= 2, num, 0)  # TreeStep's min_match
-    logp = jnp.log(jnp.maximum(ngram.token_confidence(matched, num, k), 1e-30))
-    tree = sort_tree(add_branch(tree, cont, num, k, logp))
-    tree = Tree(*(x[:, :budget] for x in tree))
+    tree = step.best(step.with_branch(tree, *step.lookup(rows, pos, k), k))
     return tree.tokens, tree.parent, tree.depth, tree.valid
 
 
