@@ -36,7 +36,7 @@ MULTIMODAL = {
 
 # Text-only model types that are another family's architecture: Kimi-K2 is DeepSeek-V3's (its
 # config.json names its own configuration class, which is DeepseekV3Config).
-ALIASES = {"kimi_k2": "deepseek_v3", "kimi_k25": "deepseek_v3"}
+ALIASES = {"kimi_k2": "deepseek_v3"}
 
 # The shape fields transformers' configuration classes fill in where a config.json leaves them out (the
 # released multimodal Gemma 3 folders' text_config, say, gives neither num_attention_heads nor vocab_size).
@@ -46,7 +46,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128),
     "glm4_moe": dict(vocab_size=151552, hidden_size=4096, num_hidden_layers=46, num_attention_heads=96),
 }
-DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
 
 
 def read_config(hf: dict[str, Any], dtype: str = "float32") -> TargetConfig:
@@ -96,6 +95,7 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
     family = hf.get("model_type")
     if family in MULTIMODAL:  # the multimodal config: its language model is the target
         hf, family = _language_model(hf, family), MULTIMODAL[family][0]
+    family = ALIASES.get(family, family)
     if family not in READERS:
         raise ConfigError(
             f"model_type {family!r} is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
@@ -115,7 +115,7 @@ def _read(hf: dict[str, Any], dtype: str) -> TargetConfig:
     if hf.get("mlp_bias", False):
         raise ConfigError("mlp_bias=true is not supported")
     hf = {**DEFAULTS.get(family, {}), **hf}
-    read, family = READERS[family], ALIASES.get(family, family).removesuffix("_text")
+    read, family = READERS[family], family.removesuffix("_text")
     return TargetConfig(family=family, dtype=dtype, **read(hf, family))
 
 
@@ -508,11 +508,9 @@ READERS: dict[str, Callable[[dict, str], dict]] = {
     "gemma4": _gemma4,
     "gemma4_text": _gemma4,
     "deepseek_v3": _deepseek_v3,
-    "kimi_k2": _deepseek_v3,
-    "kimi_k25": _deepseek_v3,
     "glm4_moe": _glm4_moe,
 }
-SUPPORTED_FAMILIES = tuple(READERS)
+SUPPORTED_FAMILIES = tuple(dict.fromkeys([*READERS, *MULTIMODAL, *ALIASES]))
 
 
 # ----------------------------------------------------------------------------- shared pieces
