@@ -595,6 +595,14 @@ _EXECUTABLES: dict = {}
 MAX_SHARED_EXECUTABLES = 64
 
 
+def clear_shared_executables() -> None:
+    """Drop the compiled code shared between Decoders (Decoders keep their own). The next new Decoder
+    compiles again (or reads JAX's persistent cache). For long processes that compile thousands of
+    shapes (a test worker: every XLA:CPU executable holds memory mappings of its own, and the kernel
+    allows 65530 a process), and for code that patches what a Decoder compiles."""
+    _EXECUTABLES.clear()
+
+
 def _signature(tree) -> tuple:
     """A parameter pytree's structure and its leaves' shapes, dtypes and shardings (what compiled code
     was specialised to; the values are arguments)."""

@@ -46,7 +46,8 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
 
     ``variants``: (temperature, log-probability added per depth) of the tree's scores; (1, 0) is the
     decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries. ``lookup``: budgets
-    instead, one tree each with prompt lookup's branch (``_with_branch``), in place of the variants."""
+    instead, one tree each with prompt lookup's branch (``_with_branch``), in place of the variants (the
+    chain is returned either way)."""
     import jax
     import jax.numpy as jnp
 
@@ -75,9 +76,13 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
             keep = keep | copy
         logits = jnp.where(keep, logits, -jnp.inf)
         anchor = toks[0, pos[0]]
-        out = []
+        if dcfg.dflash2:  # the selector's greedy walk
+            best = select(dparams, dcfg, hidden[0], logits, anchor, 0.0)[0]
+        else:
+            best = jnp.argmax(logits, -1)
         if lookup:
-            return None, [_with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
+            return best, [_with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
+        out = []
         for temperature, per_depth in variants:
             if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
                 if dcfg.dflash2:
@@ -87,10 +92,6 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
             else:
                 tree = _variant_tree(dparams, dcfg, hidden[0], logits, anchor, budget, temperature, per_depth)
             out.append((tree.tokens, tree.parent, tree.depth, tree.valid))
-        if dcfg.dflash2:  # the selector's greedy walk
-            best = select(dparams, dcfg, hidden[0], logits, anchor, 0.0)[0]
-        else:
-            best = jnp.argmax(logits, -1)
         return best, out
 
     return context, trees
@@ -168,10 +169,8 @@ def acceptance(
     toks = jnp.asarray(np.pad(tokens, (0, padded - len(tokens)))[None])
     allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
     keys = tuple(variants) if variants else ((1.0, 0.0),)
-    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys)
+    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets) if lookup else ())
     ctx = context(ck.params, dparams, toks)
-    if lookup:
-        _, branched = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets))
     looked = {m: [] for m in budgets}
     anchors = list(range(start, n - 1))
     chain, tree = [], {v: {m: [] for m in budgets} for v in keys}
@@ -181,13 +180,11 @@ def acceptance(
         valid = (np.arange(chunk) < len(part))[None]
         best, out = trees(dparams, ck.params, ctx, toks, pos, valid, allowed)
         best = np.asarray(best)
-        if lookup:
-            _, per_budget = branched(dparams, ck.params, ctx, toks, pos, valid, allowed)
         for j, p in enumerate(part):
             answer = tokens[p + 1 : p + b]
             left = n - 1 - p  # the answer ends: no round commits past it
             chain.append(min(int(np.cumprod(best[j] == answer).sum()), left - 1))
-            for v, arrays in zip(keys, out):
+            for v, arrays in zip(keys, [] if lookup else out):
                 tok, par, dep, ok = (np.asarray(x)[j] for x in arrays)
                 # added[d]: the order in which the tree added the answer's prefix of depth d + 1
                 added, at = [], -1
@@ -201,7 +198,7 @@ def acceptance(
                     depth = int(np.sum(np.cumprod(np.asarray(added) < m))) if added else 0
                     tree[v][m].append(min(depth, left - 1))
             if lookup:  # the greedy accept walk down each budget's own tree
-                for m, arrays in zip(budgets, per_budget):
+                for m, arrays in zip(budgets, out):
                     tok, par, dep, ok = (np.asarray(x)[j] for x in arrays)
                     at, depth = -1, 0
                     for d in range(b - 1):

@@ -110,17 +110,17 @@ def eval_prompts(n: int, dataset: str = "gsm8k") -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _executables_compiled_afresh_under_monkeypatch(request):
-    """Decoders share compiled code by their static settings (``decode._EXECUTABLES``); a test that
-    patches the code a Decoder compiles (a fault injected to prove a check has teeth) must compile
+    """Decoders share compiled code by their static settings (``decode.clear_shared_executables``); a
+    test that patches the code a Decoder compiles (a fault injected to prove a check has teeth) must compile
     its own, and must not leave its patched executables to the tests after it."""
     if "monkeypatch" not in request.fixturenames:
         yield
         return
     from dflash_jax import decode
 
-    decode._EXECUTABLES.clear()
+    decode.clear_shared_executables()
     yield
-    decode._EXECUTABLES.clear()
+    decode.clear_shared_executables()
 
 
 MAX_MAPPINGS = 20_000  # a test worker's memory mappings past which compiled code nothing holds is dropped
@@ -137,8 +137,9 @@ def _mappings() -> int:
 @pytest.fixture(autouse=True)
 def _release_compiled_code():
     """After a test, once the worker holds more than ``MAX_MAPPINGS`` memory mappings, drop the compiled
-    executables nothing holds any more (JAX's caches and the decoders' shared ones). Each XLA:CPU
-    executable keeps its code in mappings of its own, and a worker compiles thousands: one running
+    executables nothing holds any more (JAX's caches and the decoders' shared ones,
+    ``decode.clear_shared_executables``). Each XLA:CPU executable keeps its code in mappings of its
+    own, and a worker compiles thousands: one running
     test_tree.py alone passed 50000 (about 500 more a second), the kernel's limit is 65530 a process
     (``vm.max_map_count``), and past it the next executable loaded from the persistent cache crashed the
     worker (a segmentation fault in ``deserialize_executable``: three suite runs on 2026-12-05)."""
@@ -150,7 +151,7 @@ def _release_compiled_code():
 
         from dflash_jax import decode
 
-        decode._EXECUTABLES.clear()
+        decode.clear_shared_executables()
         jax.clear_caches()
         gc.collect()
 
