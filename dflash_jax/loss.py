@@ -52,6 +52,8 @@ OBJECTIVES = ("ce", "kl", "kl_tv")
 # How block offsets are weighted (``block_loss``'s ``position_weights``): the fixed decay (SPEC), or the
 # decay times each block's chance of reaching the offset under the drafter as it is now.
 POSITION_WEIGHTS = ("decay", "reach")
+# DFlash 2's selector objectives (``block_loss``'s ``selector_objective``)
+SELECTOR_OBJECTIVES = ("ce", "kl")
 
 
 class Anchors(NamedTuple):
@@ -204,20 +206,34 @@ def block_logits(
 
 
 def selector_loss(
-    drafter_params, cfg: DrafterConfig, hidden: Array, logits: Array, labels: Array, predecessors: Array
+    drafter_params,
+    cfg: DrafterConfig,
+    hidden: Array,
+    logits: Array,
+    labels: Array,
+    predecessors: Array,
+    target_logits: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """DFlash 2's selector objective per label (SPEC "DFlash 2", training): the k-way cross-entropy
     of the selector scores over the head's top ``selector_top_k`` candidates, with the gold previous
     token as predecessor (teacher forcing); a gold token outside the top k joins its offset's
     candidate set, for the loss only, as a (k+1)-th candidate scored like the rest.
 
+    With ``target_logits`` (the ``kl`` selector objective): instead the forward KL from the target's
+    next-token distribution restricted to the k candidates and renormalised, ``p_c / sum p``, to the
+    selector's softmax over them. A sampled draft token is accepted with chance ``sum_c min(p_c,
+    q_c)`` (SPEC "Sampling"), at most ``sum_c p_c``, which ``q`` proportional to ``p`` on the
+    candidates reaches; its argmax is the target's among the candidates, the greedy draft's goal.
+
     Args:
       hidden: ``[..., K, d]`` the drafter's final hidden states at offsets 1..K.
       logits: ``[..., K, V]`` float32, the head's logits there (the unary scores).
       labels: int32 ``[..., K]`` the gold tokens; predecessors: int32 ``[..., K]`` the gold token
         before each (the anchor at offset 1).
+      target_logits: ``[..., K, V]`` the target's logits of the token at each offset, or None (no
+        gradient reaches them).
     Returns:
-      ``(ce, picked, covered)``, each ``[..., K]``: the cross-entropy (float32); whether the
+      ``(loss, picked, covered)``, each ``[..., K]``: the cross-entropy or KL (float32); whether the
       selector's best among the top k is the gold token (bool; its greedy choice with a correct
       prefix); whether the gold token is among the top k (bool).
     """
@@ -236,6 +252,11 @@ def selector_loss(
     gold = jnp.where(covered, jnp.argmax(hit, axis=-1), cfg.selector_top_k)
     ce = jax.nn.logsumexp(scores, axis=-1) - jnp.take_along_axis(scores, gold[..., None], axis=-1)[..., 0]
     picked = covered & (jnp.argmax(scores[..., :-1], axis=-1) == gold)
+    if target_logits is not None:
+        mine = jax.lax.stop_gradient(target_logits).astype(jnp.float32)
+        logp = jax.nn.log_softmax(jnp.take_along_axis(mine, candidates, axis=-1), axis=-1)
+        logq = jax.nn.log_softmax(scores[..., :-1], axis=-1)
+        ce = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
     return ce, picked, covered
 
 
@@ -257,6 +278,7 @@ def block_loss(
     objective: str = "ce",
     tv_weight: float = 0.5,
     position_weights: str = "decay",
+    selector_objective: str = "ce",
 ) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
@@ -288,6 +310,9 @@ def block_loss(
         drafter already gets the earlier ones right. The returned ``weight`` is that weighted
         count (so ``loss / weight`` stays an average), while a trainer normalises the gradient by
         the fixed weights' sum (``train_step``), as for ``decay``.
+      selector_objective: DFlash 2, ``SELECTOR_OBJECTIVES``: ``ce`` the answer's token among the
+        candidates (SPEC); ``kl`` the target's distribution over them (``selector_loss``; it runs the
+        target's LM head, as the ``kl`` objective does).
     Returns:
       ``BlockStats`` of **sums**; the loss to minimise is ``loss / weight`` with the global weight.
     """
@@ -296,10 +321,16 @@ def block_loss(
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if position_weights not in POSITION_WEIGHTS:
         raise ValueError(f"position_weights must be one of {POSITION_WEIGHTS}, got {position_weights!r}")
+    if selector_objective not in SELECTOR_OBJECTIVES:
+        raise ValueError(f"selector_objective must be one of {SELECTOR_OBJECTIVES}, got {selector_objective!r}")
     target_hidden = None
-    if objective != "ce":
+    selector_kl = cfg.dflash2 and selector_objective == "kl"
+    if objective != "ce" or selector_kl:
         if feats is not None:
-            raise ValueError(f"objective {objective!r} needs the target's forward; stored features do not hold it")
+            raise ValueError(
+                f"objective {objective!r} / selector_objective {selector_objective!r} needs the target's forward; "
+                "stored features do not hold it"
+            )
         feats, target_hidden = target_features(
             target_params, tokens, tcfg=tcfg, layer_ids=cfg.target_layer_ids, with_hidden=True
         )
@@ -333,13 +364,15 @@ def block_loss(
             with_hidden=True,
         )  # offsets 1..k
         prev, lab, u = lab[..., :k], lab[..., 1 : k + 1], u[..., 1 : k + 1]  # the gold token before each offset
-        if target_hidden is None:
-            logz = jax.nn.logsumexp(logits, axis=-1)
-            ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
-        else:  # the target's distribution of the token at offset j comes from its hidden state at pos + j - 1
+        target_logits = None
+        if target_hidden is not None:  # the target's distribution of the token at offset j: its state at pos + j - 1
             before = jnp.minimum(pos[..., None] + jnp.arange(k), t - 1)  # [b, chunk, k]
             h = jax.vmap(lambda hs, idx: hs[idx])(target_hidden, before)  # [b, chunk, k, d]
             target_logits = Target(tcfg).apply({"params": target_params}, h, method="logits")
+        if objective == "ce":
+            logz = jax.nn.logsumexp(logits, axis=-1)
+            ce = logz - jnp.take_along_axis(logits, lab[..., None], axis=-1)[..., 0]
+        else:
             ce = distribution_loss(logits, target_logits, objective, tv_weight)
         uf = u.astype(jnp.float32)
         wk = jnp.broadcast_to(w[1 : k + 1], uf.shape)
@@ -355,7 +388,9 @@ def block_loss(
         selector = (zero, zero, zero)
         if cfg.dflash2:
             sg = jax.lax.stop_gradient if selector_stop_grad else (lambda x: x)
-            sce, picked, covered = selector_loss(drafter_params, cfg, sg(hidden), sg(logits), lab, prev)
+            sce, picked, covered = selector_loss(
+                drafter_params, cfg, sg(hidden), sg(logits), lab, prev, target_logits if selector_kl else None
+            )
             selector = (jnp.sum(jnp.where(u, sce, 0.0) * w[1 : k + 1]), jnp.sum(picked & u), jnp.sum(covered & u))
         return (
             jnp.sum(ce * uf * wk),

@@ -120,6 +120,7 @@ class Trainer:
             objective=t.objective,
             tv_weight=t.tv_weight,
             position_weights=t.position_weights,
+            selector_objective=t.selector_objective,
         )
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.init_from:

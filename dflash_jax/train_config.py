@@ -26,7 +26,7 @@ from ml_collections import ConfigDict
 from dflash_jax import dflash_format
 from dflash_jax.drafter import BLOCK_INPUTS, DrafterConfig, check_fits
 from dflash_jax.errors import ConfigError
-from dflash_jax.loss import OBJECTIVES, POSITION_WEIGHTS
+from dflash_jax.loss import OBJECTIVES, POSITION_WEIGHTS, SELECTOR_OBJECTIVES
 from dflash_jax.target import TargetConfig
 from dflash_jax.tokens import mask_token_id
 from dflash_jax.utils import json_sha256
@@ -181,6 +181,10 @@ class TrainSettings:
         block's chance of reaching the offset under the drafter as it is: ``loss.block_loss``).
       selector_alpha: DFlash 2: the selector loss's weight beside the block loss (>= 0).
       selector_stop_grad: DFlash 2: the selector loss trains the selector only.
+      selector_objective: DFlash 2: ``ce`` the selector picks the answer's token among its
+        candidates (the paper's); ``kl`` its softmax learns the target's distribution over them,
+        renormalised (what a sampled draft's acceptance rewards, ``loss.selector_loss``; runs the
+        target's LM head, not with ``stored_features``).
       warmup_frac: the linear warmup's share of ``steps``; then cosine decay to 0.
       weight_decay, b1, b2: AdamW's (each in [0, 1]); grad_clip: the global-norm clip (> 0).
       compute_dtype: ``float32`` (faster on CPU) or ``bfloat16`` (GPU/TPU); master weights stay float32.
@@ -207,6 +211,7 @@ class TrainSettings:
     position_weights: str = "decay"
     selector_alpha: float = 1.0
     selector_stop_grad: bool = False
+    selector_objective: str = "ce"
     warmup_frac: float
     weight_decay: float
     b1: float
@@ -247,6 +252,15 @@ class TrainSettings:
         _need(
             self.position_weights in POSITION_WEIGHTS,
             f"train.position_weights must be one of {', '.join(POSITION_WEIGHTS)}",
+        )
+        _need(
+            self.selector_objective in SELECTOR_OBJECTIVES,
+            f"train.selector_objective must be one of {', '.join(SELECTOR_OBJECTIVES)}",
+        )
+        _need(
+            self.selector_objective == "ce" or not self.stored_features,
+            "train.selector_objective 'kl' reads the target's distribution, which stored features do not hold: "
+            "set train.stored_features=False",
         )
         _need(
             self.objective == "ce" or not self.stored_features,
@@ -562,9 +576,10 @@ NEWER_TRAIN_FIELDS = {
     "objective": "ce",
     "tv_weight": 0.5,
     "position_weights": "decay",
+    "selector_objective": "ce",
 }
 SPEED_ONLY_TRAIN_FIELDS = ("remat", "stored_features")  # speed against memory or disk: the same run either way
-DFLASH2_TRAIN_FIELDS = ("selector_alpha", "selector_stop_grad")  # no effect on a DFlash drafter
+DFLASH2_TRAIN_FIELDS = ("selector_alpha", "selector_stop_grad", "selector_objective")  # no effect on a DFlash drafter
 
 
 def run_identity(
@@ -598,7 +613,7 @@ def run_identity(
         if train[key] == default:
             del train[key]
     for key in SPEED_ONLY_TRAIN_FIELDS + (() if dcfg.dflash2 else DFLASH2_TRAIN_FIELDS):
-        del train[key]
+        train.pop(key, None)  # a newer field at its default is gone already
     identity = {
         "target": target_identity,
         "data": data_identity,

@@ -68,6 +68,7 @@ def train_step(
     objective="ce",
     tv_weight=0.5,
     position_weights="decay",
+    selector_objective="ce",
 ):
     """One optimiser update over ``accum`` micro-batches.
 
@@ -114,6 +115,7 @@ def train_step(
                 objective=objective,
                 tv_weight=tv_weight,
                 position_weights=position_weights,
+                selector_objective=selector_objective,
             )
             return (s.loss + selector_alpha * s.selector_loss) / total_weight, s
 
@@ -148,6 +150,7 @@ def sharded_step(
     objective="ce",
     tv_weight=0.5,
     position_weights="decay",
+    selector_objective="ce",
 ):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
@@ -185,6 +188,7 @@ def sharded_step(
         objective=objective,
         tv_weight=tv_weight,
         position_weights=position_weights,
+        selector_objective=selector_objective,
     )
     jitted = jax.jit(
         step,
@@ -238,6 +242,7 @@ def eval_stats(
     objective="ce",
     tv_weight=0.5,
     position_weights="decay",
+    selector_objective="ce",
 ):
     """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
     micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``; the loss is the
@@ -260,4 +265,5 @@ def eval_stats(
         objective=objective,
         tv_weight=tv_weight,
         position_weights=position_weights,
+        selector_objective=selector_objective,
     )

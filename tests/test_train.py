@@ -1167,6 +1167,68 @@ def test_dflash2_selector_loss_equals_its_definition(tiny):
     assert float(d1.selector_loss) == 0.0 and float(d1.covered) == 0.0
 
 
+def test_dflash2_selector_kl_learns_the_targets_distribution_over_its_candidates(tiny):
+    """``selector_objective="kl"``: per label, the forward KL from the target's next-token distribution
+    over the head's top k (renormalised) to the selector's softmax over them (SPEC "Sampling": a
+    sampled draft is accepted with chance sum min(p, q), at most the candidates' mass of p, reached
+    by q proportional to p there), written out in numpy; zero when the selector's scores are the
+    target's logits on the candidates; the block loss and the counts unchanged; the gradient reaches
+    the selector; a DFlash drafter ignores the setting."""
+    ck, _ = tiny
+    dcfg, p, tokens, mask, anchors = dflash2_problem(ck, seed=7)
+    kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    s = loss.block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **kw)
+    ce = loss.block_loss(p, ck.params, tokens, mask, anchors, **kw)
+    model = Target(ck.cfg)
+    positions = jnp.arange(40)[None].repeat(2, 0)
+    th, feats, _ = model.apply({"params": ck.params}, tokens, positions, None, dcfg.target_layer_ids)
+    target_logits = np.asarray(model.apply({"params": ck.params}, th, method="logits"), np.float64)  # [b, T, V]
+    ctx = loss.context_kv(p, feats, dcfg)
+    logits, hidden = loss.block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
+    logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
+    labels, use = map(np.asarray, loss.block_labels(tokens, mask, anchors, 8))
+    w = np.asarray(loss.offset_weights(8, 4.0))
+    A, B = np.asarray(p["predecessor_codebook"], np.float64), np.asarray(p["successor_codebook"], np.float64)
+    H = np.asarray(p["hidden_projection"], np.float64)
+    pos = np.asarray(anchors.positions)
+
+    def log_softmax(x):
+        return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+    total = 0.0
+    for b, a, j in zip(*np.nonzero(use)):
+        row, prev = logits[b, a, j - 1], labels[b, a, j - 1]
+        top = np.argsort(-row, kind="stable")[:40]
+        scores = np.array([row[c] + np.dot(A[prev] * (hidden[b, a, j - 1] @ H), B[c]) for c in top])
+        logp = log_softmax(target_logits[b, pos[b, a] + j - 1, top])  # the label at pos + j
+        total += w[j] * np.sum(np.exp(logp) * (logp - log_softmax(scores)))
+    np.testing.assert_allclose(float(s.selector_loss), total, rtol=1e-4)
+    assert float(s.selector_loss) > 0
+    for got, want in zip(s[:6], ce[:6]):  # block loss, weights, counts: the ce selector's
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert float(s.covered) == float(ce.covered) and float(s.selector_correct) == float(ce.selector_correct)
+
+    # q = p on the candidates gives 0: with the predecessor codebook zeroed the selector's scores are
+    # the unary logits, and the target's logits are those plus a constant
+    unary = jnp.asarray(target_logits[0, :7], jnp.float32)  # [K = 7, V]
+    zero = dict(p, predecessor_codebook=jnp.zeros_like(p["predecessor_codebook"]))
+    sl, *_ = loss.selector_loss(
+        zero, dcfg, jnp.asarray(hidden[0, 0]), unary, jnp.asarray(labels[0, 0, 1:]), jnp.asarray(labels[0, 0, :-1]),
+        unary + 3.0,
+    )  # fmt: skip
+    np.testing.assert_allclose(np.asarray(sl), 0.0, atol=1e-5)
+
+    def selector_kl(q):
+        return loss.block_loss(q, ck.params, tokens, mask, anchors, selector_objective="kl", **kw).selector_loss
+
+    grads = jax.grad(selector_kl)(p)
+    for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
+        assert float(jnp.abs(grads[name]).max()) > 0
+    d1cfg = dataclasses.replace(dcfg, conv_kernel_size=0)
+    d1 = loss.block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **dict(kw, cfg=d1cfg))
+    assert float(d1.selector_loss) == 0.0
+
+
 def test_dflash2_training_forward_equals_the_draft_step(tiny):
     """With convolutions away from the identity, the training forward's logits equal the draft
     step's (the convolutions see the same block positions in both)."""
@@ -1333,6 +1395,10 @@ def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
         tiny_config(ck, folder, tmp_path / "a", "train.position_weights=flat")
     with pytest.raises(ConfigError, match="set train.stored_features=False"):
         tiny_config(ck, folder, tmp_path / "a", "train.objective=kl", "train.stored_features=True")
+    with pytest.raises(ConfigError, match="train.selector_objective must be one of ce, kl"):
+        tiny_config(ck, folder, tmp_path / "a", "train.selector_objective=tv")
+    with pytest.raises(ConfigError, match="selector_objective 'kl' .* set train.stored_features=False"):
+        tiny_config(ck, folder, tmp_path / "a", "train.selector_objective=kl", "train.stored_features=True")
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
 
     assert NEWER_TRAIN_FIELDS["objective"] == "ce" and NEWER_TRAIN_FIELDS["tv_weight"] == 0.5
