@@ -61,6 +61,7 @@ def get_config() -> ConfigDict:
     c.train.position_weights = "decay"  # decay: w_k alone; reach: w_k x the block's chance of reaching offset k
     c.train.selector_alpha = 1.0  # DFlash 2: the selector loss's weight beside the block loss
     c.train.selector_stop_grad = False  # DFlash 2: True = the selector loss trains the selector only
+    c.train.selector_objective = "ce"  # DFlash 2: ce: the answer's token; kl: the target's distribution on candidates
     c.train.warmup_frac = 0.04
     c.train.weight_decay = 0.0
     c.train.b1 = 0.9

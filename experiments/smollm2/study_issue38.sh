@@ -5,7 +5,9 @@
 # the ce arm's probe, probes run alone), then greedy tau on the recorded answers of the five benchmark
 # sets at block 16 (experiments/study_tau.py, 20 answers a set; the shipped drafter as the baseline).
 # Arms: ce (the answer's tokens, today's), kl (the target's next-token distribution), kl_tv (KL mixed with
-# total variation), ce_reach and kl_reach (each offset weighted by the block's chance of reaching it).
+# total variation), ce_reach and kl_reach (each offset weighted by the block's chance of reaching it),
+# kl_sel (kl, and DFlash 2's selector learns the target's distribution over its candidates too: the
+# others train it on the answer's token, and a sampled draft is drawn from the selector's softmax).
 # Resumable: rerun after an interruption (a finished arm is kept; a cut one resumes from its checkpoint).
 #
 #   bash experiments/smollm2/study_issue38.sh
@@ -22,8 +24,9 @@ declare -A FLAGS=(
   [kl_tv]="train.objective=kl_tv"
   [ce_reach]="train.objective=ce train.position_weights=reach"
   [kl_reach]="train.objective=kl train.position_weights=reach"
+  [kl_sel]="train.objective=kl train.selector_objective=kl"
 )
-ARMS=(ce kl kl_tv ce_reach kl_reach)
+ARMS=(ce kl kl_tv ce_reach kl_reach kl_sel)
 for a in "${ARMS[@]}"; do
   # shellcheck disable=SC2086
   arm "probe_$a" "$CFG" 6 eval.decode_prompts=0 ${FLAGS[$a]}
@@ -39,10 +42,14 @@ drafters=("shipped=dflash_jax/assets/smollm2-135m-instruct-dflash")
 for a in "${ARMS[@]}"; do drafters+=("$a=$OUT/$a/drafter"); done
 .venv/bin/python experiments/study_tau.py --per-set 20 --blocks 16 --drafter "${drafters[@]}" \
   --out docs/bench/issue38/study_tau.jsonl | tee docs/bench/issue38/study_tau.md
-# temperature 1: decoded tau of each drafter at block 16 (the numbered row; prompt lookup's own row and the
-# default settings off), 10 first turns a set, resumable per drafter
-for d in "${drafters[@]}"; do
-  name=${d%%=*}
+# temperature 1: decoded tau at block 16 (the numbered row; prompt lookup's own row and the default settings
+# off), 10 first turns a set, resumable per prompt. About 22 min a drafter here, so the drafters that differ
+# most go first: the shipped one, the KL arm with the selector's KL (what sampled acceptance rewards), the
+# greedy study's best (ce_reach), the total-variation arm, the KL arm; ce and kl_reach last (level with
+# ce_reach and kl when greedy).
+T1=${T1:-shipped kl_sel ce_reach kl_tv kl ce kl_reach}
+for name in $T1; do
+  d=$(printf '%s\n' "${drafters[@]}" | grep "^$name=")
   .venv/bin/dflash-jax bench --drafter "${d#*=}" --dataset all --max-samples 10 --max-turns 1 --max-new-tokens 256 \
     --block-size 16 --temperature 1 --ngram-arm off --default-arm off --no-progress \
     --json-out "docs/bench/issue38/t1_$name.json"
