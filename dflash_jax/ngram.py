@@ -62,17 +62,45 @@ def ngram_match(
     return jax.vmap(lambda t, s: _propose_row(t, s, num_tokens, ngram_max, ngram_min))(tokens, start)
 
 
-def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array, Array]:
+def ngram_matches(
+    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1, count: int = 1
+) -> tuple[Array, Array, Array]:
+    """The ``count`` best earlier occurrences of each row's suffix, best first (the longest match, then
+    the latest: the first is ``ngram_match``'s), each with what followed it: int32 ``(cont [B, count,
+    num_tokens], num [B, count], matched [B, count])``, ``num`` 0 where fewer occurred. Occurrences of
+    any length ``ngram_min .. ngram_max`` count, so a row with one 4-token match may also offer its
+    3-token ones. Several drafts from one rule: a draft tree holds them as branches (``tree_step``)."""
+    return jax.vmap(lambda t, s: _matches_row(t, s, num_tokens, ngram_max, ngram_min, count))(tokens, start)
+
+
+def _suffix_keys(t: Array, s: Array, nmax: int, nmin: int) -> Array:
+    """Per position ``i < s``: ``m * length + i`` where ``m`` (capped at ``nmax``, at least ``nmin``) is
+    the length of the common suffix of ``t[.. i]`` and ``t[.. s]``, else -1; larger is better."""
     length = t.shape[0]
     idx = jnp.arange(length, dtype=jnp.int32)
-    # m[i]: length (capped at nmax) of the common suffix of t[.. i] and t[.. s], for i < s.
     run = idx < s
     m = jnp.zeros((length,), jnp.int32)
     for j in range(nmax):
         run = run & (idx >= j) & (jnp.roll(t, j) == t[jnp.maximum(s - j, 0)])  # t[i - j] == t[s - j]
         m = m + run
+    return jnp.where(m >= nmin, m * length + idx, -1)
+
+
+def _matches_row(t: Array, s: Array, k: int, nmax: int, nmin: int, count: int) -> tuple[Array, Array, Array]:
+    length = t.shape[0]
+    keys = jax.lax.top_k(_suffix_keys(t, s, nmax, nmin), count)[0]
+    found = keys >= 0
+    end = jnp.where(found, keys % length, 0)
+    num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
+    follow = jax.vmap(lambda e: jax.lax.dynamic_slice_in_dim(t, e + 1, k))(end)  # [count, k]
+    matched = jnp.where(found, keys // length, 0).astype(jnp.int32)
+    return jnp.where(jnp.arange(k) < num[:, None], follow, 0).astype(jnp.int32), num, matched
+
+
+def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array, Array]:
+    length = t.shape[0]
     # longest match first, then the latest occurrence: one reduction over m * length + i
-    key = jnp.max(jnp.where(m >= nmin, m * length + idx, -1))
+    key = jnp.max(_suffix_keys(t, s, nmax, nmin))
     found = key >= 0
     end = jnp.where(found, key % length, 0)  # where the occurrence ends
     num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)

@@ -15,7 +15,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from dflash_jax.ngram import NgramStep, ngram_match
+from dflash_jax.ngram import NgramStep, ngram_matches
 from dflash_jax.steps import Draft, OnDrafter
 from dflash_jax.tree import Tree, add_branch, sort_tree
 
@@ -35,6 +35,9 @@ class TreeStep(OnDrafter):
         n-gram confidence table), and the tree keeps the ``budget`` best of the drafter's ``budget``
         nodes and the branch's (``tree.sort_tree``).
       ngram_nodes: the branch's nodes (default: the block's draft offsets).
+      lookup_branches: how many earlier occurrences give a branch each (``ngram.ngram_matches``: the
+        longest match first, then the latest), each scored by the same confidence table; 1: the
+        one prompt lookup alone would draft.
       skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branch alone and the
         others the drafter's tree, as ``ngram.HybridStep`` takes chains, and a round where every row
         has a match skips the drafter's forward: cheaper where a drafter forward is a large part of
@@ -50,10 +53,13 @@ class TreeStep(OnDrafter):
     min_match: int = 2
     ngram_nodes: int | None = None
     skip_drafter: bool = False
+    lookup_branches: int = 1
 
     def __post_init__(self):
         if self.budget < 1:
             raise ValueError(f"a draft tree needs a budget of at least 1 node, got {self.budget}")
+        if self.lookup_branches < 1:
+            raise ValueError(f"lookup_branches must be at least 1, got {self.lookup_branches}")
         if self.ngram is not None and self.branch_nodes < 1:
             raise ValueError(f"the prompt-lookup branch needs at least 1 node (ngram_nodes), got {self.branch_nodes}")
 
@@ -87,7 +93,7 @@ class TreeStep(OnDrafter):
         if self.ngram is None:
             return self._draft(drafted(), anchor, k)
         cont, num, matched = self.lookup(tokens, start, k)
-        use = num > 0
+        use = num[:, 0] > 0  # the best occurrence is long enough (the others are no longer)
         if self.skip_drafter:  # every row has a match (or is finished): prompt lookup's branch alone
             idle = jnp.all(use | (block_valid <= 1))
             nothing = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(drafted))  # noqa: E731
@@ -100,17 +106,22 @@ class TreeStep(OnDrafter):
         return self._draft(self.with_branch(tree, cont, num, matched, k), anchor, k)
 
     def lookup(self, tokens: Array, start: Array, k: int) -> tuple[Array, Array, Array]:
-        """Prompt lookup's continuation over the committed ``tokens [B, L]`` up to ``start [B]``: int32
-        ``(cont [B, k], num [B], matched [B])`` (``ngram.ngram_match``), ``num`` 0 in rows whose match is
-        shorter than ``min_match``."""
-        cont, num, matched = ngram_match(tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min)
+        """Prompt lookup's continuations over the committed ``tokens [B, L]`` up to ``start [B]``, one
+        per branch: int32 ``(cont [B, lookup_branches, k], num [B, lookup_branches], matched [B,
+        lookup_branches])`` (``ngram.ngram_matches``), ``num`` 0 where a match is shorter than
+        ``min_match``. The first is prompt lookup's own draft."""
+        cont, num, matched = ngram_matches(
+            tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min, self.lookup_branches
+        )
         return cont, jnp.where(matched >= self.min_match, num, 0), matched
 
     def with_branch(self, tree: Tree, cont: Array, num: Array, matched: Array, k: int) -> Tree:
-        """``tree`` with ``lookup``'s continuation merged in as a branch (``tree.add_branch``, each token
-        scored by the n-gram confidence table), unsorted; ``_draft`` sorts and cuts it."""
-        logp = jnp.log(jnp.maximum(self.ngram.token_confidence(matched, num, k), 1e-30))
-        return add_branch(tree, cont, num, self.branch_nodes, logp)
+        """``tree`` with ``lookup``'s continuations merged in as branches (``tree.add_branch``, each
+        token scored by the n-gram confidence table), unsorted; ``_draft`` sorts and cuts it."""
+        for m in range(cont.shape[1]):
+            logp = jnp.log(jnp.maximum(self.ngram.token_confidence(matched[:, m], num[:, m], k), 1e-30))
+            tree = add_branch(tree, cont[:, m], num[:, m], self.branch_nodes, logp)
+        return tree
 
     def best(self, tree: Tree) -> Tree:
         """``tree`` best first, cut to ``budget``: the first n nodes of a sorted tree are its best n-node

@@ -40,14 +40,14 @@ from ngram_acceptance import SETS
 
 
 @functools.cache
-def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int, ...] = ()):
+def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int, ...] = (), branches: int = 1):
     """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and,
     per variant, the order in which a ``budget``-node tree added each node (tokens, parents, depths)).
 
     ``variants``: (temperature, log-probability added per depth) of the tree's scores; (1, 0) is the
     decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries. ``lookup``: budgets
-    instead, one tree each with prompt lookup's branch (``_with_branch``), in place of the variants (the
-    chain is returned either way)."""
+    instead, one tree each with prompt lookup's ``branches`` branches (``_with_branch``), in place of the
+    variants (the chain is returned either way)."""
     import jax
     import jax.numpy as jnp
 
@@ -81,7 +81,9 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
         else:
             best = jnp.argmax(logits, -1)
         if lookup:
-            return best, [_with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0]) for m in lookup]
+            return best, [
+                _with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0], branches) for m in lookup
+            ]
         out = []
         for temperature, per_depth in variants:
             if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
@@ -97,11 +99,12 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
     return context, trees
 
 
-def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos):
+def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1):
     """The tree of ``plan_for(tree=budget, skip_drafter=False)`` (``tree_step.TreeStep`` with every row
     holding both drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the
     committed tokens ``toks[0, :pos + 1]`` merged in (``TreeStep.lookup`` / ``with_branch``), best first,
-    cut to ``budget`` (``TreeStep.best``)."""
+    cut to ``budget`` (``TreeStep.best``); ``branches`` > 1: as many earlier occurrences, a branch each
+    (``TreeStep.lookup_branches``)."""
     import jax
     import jax.numpy as jnp
 
@@ -116,7 +119,7 @@ def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos)
     else:
         tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
     ngram = NgramStep(4, 1, dcfg.block_size, confidence=ngram_confidence(4))  # plan_for's defaults
-    step = TreeStep(DraftStep(dcfg, tcfg), budget, ngram, min_match=2)
+    step = TreeStep(DraftStep(dcfg, tcfg), budget, ngram, min_match=2, lookup_branches=branches)
     k = dcfg.block_size - 1
     rows = jnp.broadcast_to(toks[0], (pos.shape[0], toks.shape[1]))  # positions past pos are never read
     tree = step.best(step.with_branch(tree, *step.lookup(rows, pos, k), k))
@@ -156,11 +159,11 @@ def _variant_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature, pe
 
 
 def acceptance(
-    ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None, lookup=False
+    ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None, lookup=0
 ):
     """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's
-    (with ``variants``: per variant, per budget; with ``lookup``: the trees with prompt lookup's branch,
-    per budget)."""
+    (with ``variants``: per variant, per budget; with ``lookup`` M > 0: the trees with prompt lookup's M
+    best continuations as branches, per budget)."""
     import jax.numpy as jnp
 
     b, n = dcfg.block_size, len(full)
@@ -169,7 +172,7 @@ def acceptance(
     toks = jnp.asarray(np.pad(tokens, (0, padded - len(tokens)))[None])
     allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
     keys = tuple(variants) if variants else ((1.0, 0.0),)
-    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets) if lookup else ())
+    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets) if lookup else (), max(lookup, 1))
     ctx = context(ck.params, dparams, toks)
     looked = {m: [] for m in budgets}
     anchors = list(range(start, n - 1))
@@ -237,6 +240,13 @@ def main() -> None:
         action="store_true",
         help="trees with prompt lookup's continuation as a branch (generate --tree N's; default: the drafter's alone)",
     )
+    ap.add_argument(
+        "--lookup-branches",
+        type=int,
+        default=1,
+        metavar="M",
+        help="with --lookup-branch: the M best earlier occurrences, a branch each (TreeStep.lookup_branches)",
+    )
     args = ap.parse_args()
 
     ck = checkpoint.load_target("smollm2-135m-instruct")
@@ -259,7 +269,8 @@ def main() -> None:
                 continue
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
             full = ids + r["output_ids"]
-            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab, lookup=args.lookup_branch)
+            branches = args.lookup_branches if args.lookup_branch else 0
+            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab, lookup=branches)
             rec = {"set": name, "id": r["id"], "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
             rec["trees"] = {str(m): simulated_rounds(np.add(a, 1)) for m, a in tree.items()}
             with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it

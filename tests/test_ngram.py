@@ -89,6 +89,51 @@ def test_proposals_follow_the_rule():
     assert min(seen.values()) >= 5, seen  # every kind of case was exercised
 
 
+def ref_matches(seq, k, nmax, nmin, count):
+    """The ``count`` best earlier occurrences in plain Python: every end position ``e < s`` whose
+    common suffix with ``seq`` has length ``m >= nmin`` (capped at ``nmax``), ordered by ``m`` then
+    ``e``, both descending; each ``(continuation, m)``."""
+    s = len(seq) - 1
+    found = []
+    for e in range(s):
+        m = 0
+        while m < nmax and e - m >= 0 and seq[e - m] == seq[s - m]:
+            m += 1
+        if m >= nmin:
+            found.append((m, e))
+    found.sort(reverse=True)
+    return [(seq[e + 1 : e + 1 + k], m) for m, e in found[:count]]
+
+
+def test_the_best_matches_follow_the_rule_and_the_first_is_prompt_lookups():
+    """``ngram_matches``: the ``count`` longest, then latest, earlier occurrences and what followed each
+    (``ref_matches``); the first is ``ngram_match``'s; rows with fewer have ``num`` 0 after them."""
+    from dflash_jax.ngram import ngram_match, ngram_matches
+
+    rng = np.random.default_rng(3)
+    batch, span, k, count = 8, 30, 5, 4
+    fewer = 0
+    for nmax, nmin in ((4, 1), (3, 2), (2, 2)):
+        fn = jax.jit(lambda t, s: ngram_matches(t, s, k, nmax, nmin, count))  # noqa: B023
+        for _ in range(10):
+            tokens = rng.integers(0, int(rng.choice([2, 3, 6])), (batch, span + k)).astype(np.int32)
+            starts = rng.integers(0, span, batch).astype(np.int32)
+            cont, num, matched = jax.device_get(fn(tokens, starts))
+            first = jax.device_get(ngram_match(tokens, starts, k, nmax, nmin))
+            np.testing.assert_array_equal(cont[:, 0], first[0])
+            np.testing.assert_array_equal(num[:, 0], first[1])
+            np.testing.assert_array_equal(matched[:, 0], first[2])
+            for b in range(batch):
+                want = ref_matches(tokens[b, : starts[b] + 1].tolist(), k, nmax, nmin, count)
+                fewer += len(want) < count
+                for j in range(count):
+                    if j < len(want):
+                        assert cont[b, j, : num[b, j]].tolist() == want[j][0] and matched[b, j] == want[j][1]
+                    else:
+                        assert num[b, j] == 0 and matched[b, j] == 0
+    assert fewer > 0  # both kinds of row
+
+
 def test_hand_made_cases():
     step = NgramStep(ngram_max=3, ngram_min=1, block_size=4)
     draft = jax.jit(lambda tok, s: step.propose(None, None, None, tok[:, s[0]], s, s, 4, **greedy_args(tok))[:2])

@@ -209,6 +209,40 @@ def test_a_branch_follows_the_tree_and_adds_only_what_it_lacks():
             assert [got[10 + j] for j in range(4) if got[10 + j][3]] == want  # each at slot 10 + its depth - 1
 
 
+def test_lookup_branches_hold_each_earlier_occurrences_continuation():
+    """``TreeStep(lookup_branches=2)``: where the last tokens occurred twice before, the tree holds
+    both continuations as paths below the anchor (the latest first), sharing the prefix they share;
+    with one branch only the latest's."""
+    import jax.numpy as jnp
+
+    from dflash_jax.ngram import NgramStep
+    from dflash_jax.tree import Tree
+    from dflash_jax.tree_step import TreeStep
+
+    # "5 6" occurred ending at 4 (then 9 5 6) and at 1 (then 7 5 6); the anchor is the last 6
+    tokens = jnp.asarray([[5, 6, 7, 5, 6, 9, 5, 6, 0, 0, 0, 0]], jnp.int32)
+    start = jnp.asarray([7], jnp.int32)
+    zero = jnp.zeros((1, 1), jnp.int32)
+    empty = Tree(zero, zero - 1, zero, jnp.zeros((1, 1), jnp.float32), jnp.zeros((1, 1), bool))  # no valid node
+
+    def paths(branches):
+        step = TreeStep(None, 8, NgramStep(4, 1, 4), min_match=2, ngram_nodes=3, lookup_branches=branches)
+        tree = step.best(step.with_branch(empty, *step.lookup(tokens, start, 3), 3))
+        tok, par, ok = (np.asarray(x)[0].tolist() for x in (tree.tokens, tree.parent, tree.valid))
+        out = []
+        for i in range(len(tok)):
+            if ok[i] and i not in [par[j] for j in range(len(tok)) if ok[j]]:  # a leaf: its path
+                path, at = [], i
+                while at >= 0:
+                    path.insert(0, tok[at])
+                    at = par[at]
+                out.append(path)
+        return out
+
+    assert paths(1) == [[9, 5, 6]]
+    assert paths(2) == [[9, 5, 6], [7, 5, 6]]
+
+
 def test_the_ancestor_mask_and_the_walk_follow_the_parents():
     """``ancestor_mask``: a token sees the anchor, its ancestors and itself, padding sees nothing;
     ``accept_walk``: the path a plain walk from the anchor takes, its slots by depth, the bonus."""
@@ -297,23 +331,23 @@ def test_an_oracle_tree_accepts_its_second_branch_whole(target):
     assert got[1].token_ids[-1] == stop
 
 
-TREE_CASES = [
-    (3, False, None, False),
-    (12, False, None, False),
-    (12, True, (1, 2, 5, 13), False),
-    (8, True, None, True),
+TREE_CASES = [  # budget, prompt lookup, verify widths, skip_drafter, lookup branches
+    (3, False, None, False, 1),
+    (12, False, None, False, 1),
+    (12, True, (1, 2, 5, 13), False, 3),
+    (8, True, None, True, 1),
 ]
 
 
 @pytest.mark.parametrize(
-    "family,budget,ngram,widths,skip",
+    "family,budget,ngram,widths,skip,branches",
     [(f, *case) for f in FAMILIES for case in TREE_CASES] + [(f, *TREE_CASES[2]) for f in ("deepseek_v3", "gemma4")],
 )
-def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, budget, ngram, widths, skip):
-    """A random DFlash drafter's best-first trees (and prompt lookup's branch; a verify width chosen
+def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, budget, ngram, widths, skip, branches):
+    """A random DFlash drafter's best-first trees (and prompt lookup's branches; a verify width chosen
     per round from costs): greedy output equals plain decoding, batch of 1 and a ragged batch of 4, at
-    the length limit and at a stop token. DeepSeek-V3 and Gemma 4 run the case with every part (the branch,
-    widths chosen per round)."""
+    the length limit and at a stop token. DeepSeek-V3 and Gemma 4 run the case with every part (three
+    lookup branches, widths chosen per round)."""
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
     from dflash_jax.ngram import NgramStep
@@ -323,7 +357,9 @@ def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, 
     ck, plain = _target(tiny_models, family)
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     ngram_step = NgramStep(ngram_max=3) if ngram else None
-    step = TreeStep(DraftStep(dcfg, ck.cfg), budget, ngram_step, min_match=1, skip_drafter=skip)
+    step = TreeStep(
+        DraftStep(dcfg, ck.cfg), budget, ngram_step, min_match=1, skip_drafter=skip, lookup_branches=branches
+    )
     costs = None if widths is None else (1.0, 1.1, 1.3, 2.0)
     plan = make_plan(step, init_drafter_params(dcfg, seed=1), verify_lengths=widths, verify_costs=costs)
     dec = Decoder(ck.params, ck.cfg, plan)
