@@ -52,6 +52,11 @@ NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 # sets, 1.31x both; `experiments/default_candidates.py`, docs/JOURNAL.md "The CPU default").
 CPU_BLOCK_SIZE = 8
 
+# A tree's prompt-lookup branches: the 3 best earlier occurrences of the last tokens, a branch each. From
+# recorded greedy answers (10 first turns a set, the shipped drafter, 16 nodes): 1.21-1.28x the chain's tau
+# on the five sets, against 1.16-1.26x with the latest occurrence's alone (docs/BENCHMARKS.md "Draft trees").
+TREE_LOOKUP_BRANCHES = 3
+
 # What --drafter takes besides a folder.
 DRAFTER_NAMES = ("auto", "none", "random", "ngram")
 
@@ -346,9 +351,10 @@ def plan_for(
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
     ``tree``: ``None``/``"off"``: chains; a number ``N``: a DFlash drafter's best-first tree of ``N``
-    nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuation as a
-    branch when ``prompt_lookup``. On a CPU a row with a match then takes the branch alone (the
-    drafter's forward skipped when every row has one, ``skip_drafter``) and the shipped drafter drafts
+    nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
+    the ``TREE_LOOKUP_BRANCHES`` best earlier occurrences as branches when ``prompt_lookup``. On a CPU
+    a row with a match then takes the branches alone (the drafter's forward skipped when every row
+    has one, ``skip_drafter``) and the shipped drafter drafts
     at ``CPU_BLOCK_SIZE``, as its chains do. Its verify lengths are widths: the anchor and the best
     ``width - 1`` nodes (``decode.choose_tree_width``). ``skip_drafter``: whether a tree row with a
     prompt-lookup match takes the branch alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
@@ -389,7 +395,14 @@ def plan_for(
     if budget:
         branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
         skip = on_cpu if skip_drafter is None else skip_drafter
-        step = TreeStep(alone, budget, branch, min(2, ngram_max), skip_drafter=skip and branch is not None)
+        step = TreeStep(
+            alone,
+            budget,
+            branch,
+            min(2, ngram_max),
+            skip_drafter=skip and branch is not None,
+            lookup_branches=TREE_LOOKUP_BRANCHES,
+        )
         words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
         if auto_on_cpu and settings["block_size"] is None and prompt_lookup:  # as the chains' CPU default
             settings["block_size"] = min(CPU_BLOCK_SIZE, loaded.cfg.block_size)

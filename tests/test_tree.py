@@ -496,7 +496,7 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     in one line naming the fix."""
     from transformers import AutoTokenizer
 
-    from dflash_jax import checkpoint
+    from dflash_jax import checkpoint, speculation
     from dflash_jax.decode import Decoder
     from dflash_jax.ngram import NgramStep
     from dflash_jax.speculation import make_plan, parse_tree, plan_for
@@ -509,6 +509,7 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     assert isinstance(plan.step, TreeStep) and plan.step.ngram is not None and plan.step.tree_size == 12
     assert plan.verify_lengths == (1, 2, 4, 8, 13) and "tree of 12 nodes with a prompt-lookup branch" in plan.label
     assert plan.step.skip_drafter  # on a CPU a row with a match takes the branch alone
+    assert plan.step.lookup_branches == speculation.TREE_LOOKUP_BRANCHES == 3
     both = plan_for(ck, "random", tok, tree=12, skip_drafter=False)  # bench's tree16+lookup: both in every row
     assert both.step.ngram is not None and not both.step.skip_drafter
     alone = plan_for(ck, "random", tok, tree="12", prompt_lookup=False, verify_lengths=None)
