@@ -256,7 +256,8 @@ def selector_loss(
         mine = jax.lax.stop_gradient(target_logits).astype(jnp.float32)
         logp = jax.nn.log_softmax(jnp.take_along_axis(mine, candidates, axis=-1), axis=-1)
         logq = jax.nn.log_softmax(scores[..., :-1], axis=-1)
-        ce = jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1)
+        p = jnp.exp(logp)
+        ce = jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)  # a candidate p gives 0 adds 0
     return ce, picked, covered
 
 

@@ -88,7 +88,8 @@ def _suffix_keys(t: Array, s: Array, nmax: int, nmin: int) -> Array:
 
 def _matches_row(t: Array, s: Array, k: int, nmax: int, nmin: int, count: int) -> tuple[Array, Array, Array]:
     length = t.shape[0]
-    keys = jax.lax.top_k(_suffix_keys(t, s, nmax, nmin), count)[0]
+    keys = jax.lax.top_k(_suffix_keys(t, s, nmax, nmin), min(count, length))[0]
+    keys = jnp.pad(keys, (0, count - keys.shape[0]), constant_values=-1)  # more asked than positions: none
     found = keys >= 0
     end = jnp.where(found, keys % length, 0)
     num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)

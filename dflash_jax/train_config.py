@@ -258,11 +258,6 @@ class TrainSettings:
             f"train.selector_objective must be one of {', '.join(SELECTOR_OBJECTIVES)}",
         )
         _need(
-            self.selector_objective == "ce" or not self.stored_features,
-            "train.selector_objective 'kl' reads the target's distribution, which stored features do not hold: "
-            "set train.stored_features=False",
-        )
-        _need(
             self.objective == "ce" or not self.stored_features,
             f"train.objective {self.objective!r} reads the target's distribution, which stored features do not "
             "hold: set train.stored_features=False",
@@ -365,7 +360,8 @@ class TrainConfig:
 
     Raises (on construction):
       ConfigError: a field of the wrong type or out of range, or two fields that do not go together
-        (``train.loss_offsets`` beyond the block, ``train.copy_bias_lr`` without ``drafter.copy_bias``).
+        (``train.loss_offsets`` beyond the block, ``train.copy_bias_lr`` without ``drafter.copy_bias``,
+        a DFlash 2 selector's ``kl`` objective with stored features).
     """
 
     target: str
@@ -403,6 +399,11 @@ class TrainConfig:
         _need(
             not t.copy_bias_lr or d.copy_bias is not None,
             "train.copy_bias_lr is the copy-bias table's learning rate: set drafter.copy_bias too, or 0",
+        )
+        _need(
+            t.selector_objective == "ce" or not t.stored_features or not d.dflash2,
+            "train.selector_objective 'kl' reads the target's distribution, which stored features do not hold: "
+            "set train.stored_features=False",
         )
 
     def to_dict(self) -> dict:

@@ -132,6 +132,9 @@ def test_the_best_matches_follow_the_rule_and_the_first_is_prompt_lookups():
                     else:
                         assert num[b, j] == 0 and matched[b, j] == 0
     assert fewer > 0  # both kinds of row
+    # more occurrences asked for than the buffer has positions: "1 2" occurred once before, then "1"
+    cont, num, _ = ngram_matches(jnp.asarray([[1, 2, 1, 2]]), jnp.asarray([3]), 1, 2, 1, count=6)
+    assert cont.shape == (1, 6, 1) and num.tolist() == [[1, 0, 0, 0, 0, 0]] and int(cont[0, 0, 0]) == 1
 
 
 def test_hand_made_cases():

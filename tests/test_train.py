@@ -1217,6 +1217,12 @@ def test_dflash2_selector_kl_learns_the_targets_distribution_over_its_candidates
         unary + 3.0,
     )  # fmt: skip
     np.testing.assert_allclose(np.asarray(sl), 0.0, atol=1e-5)
+    masked = (unary + 3.0).at[:, int(jnp.argmax(unary[0]))].set(-jnp.inf)  # a candidate the target rules out
+    sl, *_ = loss.selector_loss(
+        zero, dcfg, jnp.asarray(hidden[0, 0]), unary, jnp.asarray(labels[0, 0, 1:]), jnp.asarray(labels[0, 0, :-1]),
+        masked,
+    )  # fmt: skip
+    assert bool(jnp.all(jnp.isfinite(sl))) and float(sl.max()) > 0
 
     def selector_kl(q):
         return loss.block_loss(q, ck.params, tokens, mask, anchors, selector_objective="kl", **kw).selector_loss
@@ -1398,7 +1404,11 @@ def test_objective_settings_are_checked_and_keep_old_run_ids(tiny, tmp_path):
     with pytest.raises(ConfigError, match="train.selector_objective must be one of ce, kl"):
         tiny_config(ck, folder, tmp_path / "a", "train.selector_objective=tv")
     with pytest.raises(ConfigError, match="selector_objective 'kl' .* set train.stored_features=False"):
-        tiny_config(ck, folder, tmp_path / "a", "train.selector_objective=kl", "train.stored_features=True")
+        tiny_config(
+            ck, folder, tmp_path / "a", "train.selector_objective=kl", "train.stored_features=True",
+            "drafter.conv_kernel_size=2", "drafter.selector_rank=4",
+        )  # fmt: skip
+    tiny_config(ck, folder, tmp_path / "a", "train.selector_objective=kl", "train.stored_features=True")  # unused
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
 
     assert NEWER_TRAIN_FIELDS["objective"] == "ce" and NEWER_TRAIN_FIELDS["tv_weight"] == 0.5
