@@ -171,7 +171,7 @@ def _plan(args, ck, tok, drafter=None, **overrides):
 
 
 def _tree_arm(value: str) -> tuple[int, bool]:
-    """A ``--tree-arms`` value: ``N`` (the drafter's tree alone) or ``N+lookup`` (with prompt lookup's branch)."""
+    """A ``--tree-arms`` value: ``N`` (the drafter's tree alone) or ``N+lookup`` (with prompt lookup's branches)."""
     budget, plus, branch = value.partition("+")
     try:
         n = speculation.parse_tree(budget)
@@ -458,8 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="N[+lookup]",
         help="also measure the DFlash drafter as a draft tree of N nodes per round at its own block size, every "
-        "node verified: alone (N: rows tree16, ...) or with prompt lookup's continuation as one more branch of "
-        "every row's tree (N+lookup: rows tree16+lookup, ...); compare with its chain row at that block",
+        "node verified: alone (N: rows tree16, ...) or with prompt lookup's continuations (its 3 best earlier "
+        "occurrences) as more branches of every row's tree (N+lookup: rows tree16+lookup, ...); compare with its "
+        "chain row at that block",
     )
     b.add_argument(
         "--default-arm",

@@ -357,7 +357,7 @@ def plan_for(
     has one, ``skip_drafter``) and the shipped drafter drafts
     at ``CPU_BLOCK_SIZE``, as its chains do. Its verify lengths are widths: the anchor and the best
     ``width - 1`` nodes (``decode.choose_tree_width``). ``skip_drafter``: whether a tree row with a
-    prompt-lookup match takes the branch alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
+    prompt-lookup match takes the branches alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
     ``False``: every row's tree holds both drafts, as on an accelerator.
 
     Raises:
@@ -403,7 +403,7 @@ def plan_for(
             skip_drafter=skip and branch is not None,
             lookup_branches=TREE_LOOKUP_BRANCHES,
         )
-        words = f"{loaded.label} tree of {budget} nodes" + (" with a prompt-lookup branch" if prompt_lookup else "")
+        words = f"{loaded.label} tree of {budget} nodes" + (" with prompt-lookup branches" if prompt_lookup else "")
         if auto_on_cpu and settings["block_size"] is None and prompt_lookup:  # as the chains' CPU default
             settings["block_size"] = min(CPU_BLOCK_SIZE, loaded.cfg.block_size)
         return make_plan(step, loaded.params, label=words, **settings)

@@ -2,7 +2,7 @@
 
 ``TreeStep`` turns one drafter forward into a tree (SPEC "Tree verification" 1): the best-first
 tree of the drafter's per-offset distributions (``tree.build_tree``), plus, where the last committed
-tokens occurred before, prompt lookup's continuation as one more branch (``tree.add_branch``): one
+tokens occurred before, prompt lookup's continuations as more branches (``tree.add_branch``): one
 tree holding both drafts. The loop (``decode.decode_loop``) verifies the anchor and every node in
 one target pass and walks the tree (``tree.accept_walk``), so it stays lossless at any temperature.
 """
@@ -38,7 +38,7 @@ class TreeStep(OnDrafter):
       lookup_branches: how many earlier occurrences give a branch each (``ngram.ngram_matches``: the
         longest match first, then the latest), each scored by the same confidence table; 1: the
         one prompt lookup alone would draft.
-      skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branch alone and the
+      skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branches alone and the
         others the drafter's tree, as ``ngram.HybridStep`` takes chains, and a round where every row
         has a match skips the drafter's forward: cheaper where a drafter forward is a large part of
         a round (a CPU). Without it every row's tree holds both drafts.
@@ -94,7 +94,7 @@ class TreeStep(OnDrafter):
             return self._draft(drafted(), anchor, k)
         cont, num, matched = self.lookup(tokens, start, k)
         use = num[:, 0] > 0  # the best occurrence is long enough (the others are no longer)
-        if self.skip_drafter:  # every row has a match (or is finished): prompt lookup's branch alone
+        if self.skip_drafter:  # every row has a match (or is finished): prompt lookup's branches alone
             idle = jnp.all(use | (block_valid <= 1))
             nothing = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(drafted))  # noqa: E731
             tree = jax.lax.cond(idle, nothing, drafted)  # a Tree of zeros: no valid node

@@ -507,7 +507,7 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     ck, tok = checkpoint.load_target(path), AutoTokenizer.from_pretrained(str(hf_dir))
     plan = plan_for(ck, "random", tok, tree=12)
     assert isinstance(plan.step, TreeStep) and plan.step.ngram is not None and plan.step.tree_size == 12
-    assert plan.verify_lengths == (1, 2, 4, 8, 13) and "tree of 12 nodes with a prompt-lookup branch" in plan.label
+    assert plan.verify_lengths == (1, 2, 4, 8, 13) and "tree of 12 nodes with prompt-lookup branches" in plan.label
     assert plan.step.skip_drafter  # on a CPU a row with a match takes the branch alone
     assert plan.step.lookup_branches == speculation.TREE_LOOKUP_BRANCHES == 3
     both = plan_for(ck, "random", tok, tree=12, skip_drafter=False)  # bench's tree16+lookup: both in every row
