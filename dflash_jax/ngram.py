@@ -59,7 +59,8 @@ def ngram_match(
     tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1
 ) -> tuple[Array, Array, Array]:
     """``ngram_propose`` plus int32 ``[B]`` the length ``n`` of the suffix that matched (0: none)."""
-    return jax.vmap(lambda t, s: _propose_row(t, s, num_tokens, ngram_max, ngram_min))(tokens, start)
+    cont, num, matched = ngram_matches(tokens, start, num_tokens, ngram_max, ngram_min)
+    return cont[:, 0], num[:, 0], matched[:, 0]
 
 
 def ngram_matches(
@@ -88,26 +89,17 @@ def _suffix_keys(t: Array, s: Array, nmax: int, nmin: int) -> Array:
 
 def _matches_row(t: Array, s: Array, k: int, nmax: int, nmin: int, count: int) -> tuple[Array, Array, Array]:
     length = t.shape[0]
-    keys = jax.lax.top_k(_suffix_keys(t, s, nmax, nmin), min(count, length))[0]
-    keys = jnp.pad(keys, (0, count - keys.shape[0]), constant_values=-1)  # more asked than positions: none
+    keys, best = _suffix_keys(t, s, nmax, nmin), []
+    for _ in range(count):  # one max-reduction each (a top-k costs some 20 of them on a CPU)
+        best.append(jnp.max(keys))
+        keys = jnp.where(keys == best[-1], -1, keys)  # each key names its own position
+    keys = jnp.stack(best)  # longest match first, then the latest occurrence
     found = keys >= 0
-    end = jnp.where(found, keys % length, 0)
+    end = jnp.where(found, keys % length, 0)  # where each occurrence ends
     num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
     follow = jax.vmap(lambda e: jax.lax.dynamic_slice_in_dim(t, e + 1, k))(end)  # [count, k]
     matched = jnp.where(found, keys // length, 0).astype(jnp.int32)
     return jnp.where(jnp.arange(k) < num[:, None], follow, 0).astype(jnp.int32), num, matched
-
-
-def _propose_row(t: Array, s: Array, k: int, nmax: int, nmin: int) -> tuple[Array, Array, Array]:
-    length = t.shape[0]
-    # longest match first, then the latest occurrence: one reduction over m * length + i
-    key = jnp.max(_suffix_keys(t, s, nmax, nmin))
-    found = key >= 0
-    end = jnp.where(found, key % length, 0)  # where the occurrence ends
-    num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
-    follow = jax.lax.dynamic_slice_in_dim(t, end + 1, k)
-    matched = jnp.where(found, key // length, 0).astype(jnp.int32)
-    return jnp.where(jnp.arange(k) < num, follow, 0).astype(jnp.int32), num, matched
 
 
 @dataclasses.dataclass(frozen=True)
