@@ -221,6 +221,7 @@ def main() -> None:
 
     from dflash_jax import checkpoint, prompts
     from dflash_jax.drafter_io import load_drafter, read_draft_vocab, resolve_drafter
+    from dflash_jax.speculation import TREE_LOOKUP_BRANCHES
     from dflash_jax.tokens import chat_ids
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -243,9 +244,10 @@ def main() -> None:
     ap.add_argument(
         "--lookup-branches",
         type=int,
-        default=1,
+        default=TREE_LOOKUP_BRANCHES,
         metavar="M",
-        help="with --lookup-branch: the M best earlier occurrences, a branch each (TreeStep.lookup_branches)",
+        help="with --lookup-branch: the M best earlier occurrences, a branch each (TreeStep.lookup_branches; "
+        f"default {TREE_LOOKUP_BRANCHES}, generate --tree N's)",
     )
     args = ap.parse_args()
 
