@@ -230,7 +230,8 @@ class Accepted(NamedTuple):
     Fields:
       length: int32 ``[B]``, the accepted draft tokens ``a`` (the path's depth; 0: none).
       path: int32 ``[B, D + 1]``, the block slot of the path's token at each depth ``0 .. D`` (slot 0,
-        the anchor, at depth 0; past ``a`` the depth itself, a slot nothing reads).
+        the anchor, at depth 0; past ``a`` the depth itself, capped at the tree's last slot ``N``: a
+        slot that exists, which nothing reads).
       bonus: int32 ``[B]``, the target's token after the path (its token at the path's last slot).
     """
 
@@ -264,7 +265,9 @@ def accept_walk(tree: Tree, target_tokens: Array, max_depth: int) -> Accepted:
     best = jnp.argmax(reach, axis=1).astype(jnp.int32)  # the path's end (any node when none: length 0)
     length = jnp.max(reach, axis=1).astype(jnp.int32)
     rows = jnp.arange(b)
-    path = jnp.broadcast_to(jnp.arange(max_depth + 1, dtype=jnp.int32), (b, max_depth + 1))
+    # past the path, depth d points at slot min(d, N): in range even when the block is deeper than the tree
+    # has nodes (a gather of the verify's N + 1 rows along it, such as the target features, stays finite)
+    path = jnp.broadcast_to(jnp.minimum(jnp.arange(max_depth + 1, dtype=jnp.int32), n), (b, max_depth + 1))
     at = jnp.where(length > 0, best, -1)
     for _ in range(max_depth):  # from the end up to the anchor
         d = jnp.where(at >= 0, tree.depth[rows, jnp.maximum(at, 0)], 0)

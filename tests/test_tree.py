@@ -280,6 +280,24 @@ def test_the_ancestor_mask_and_the_walk_follow_the_parents():
             assert int(walk.bonus[row]) == target[row, slot]
 
 
+def test_the_walks_path_stays_inside_a_tree_smaller_than_the_block():
+    """A tree of fewer nodes than the block has draft offsets (``--tree 3`` at block 8): past the
+    accepted depth the path points at slots that exist, so the loop's gathers along it (the target
+    features written to the drafter's context) read verified rows, not out-of-range fill (a NaN that
+    spoiled every later draft)."""
+    from dflash_jax.tree import accept_walk
+
+    rng = np.random.default_rng(2)
+    tree = _random_tree(rng, b=4, n=3, k=3, vocab=3)
+    for _ in range(10):
+        walk = accept_walk(tree, rng.integers(0, 3, (4, 4)).astype(np.int32), 7)
+        path = np.asarray(walk.path)
+        assert path.shape == (4, 8) and path.min() >= 0 and path.max() <= 3
+        for row in range(4):  # past the walk's end: the depth, capped at the last slot
+            a = int(walk.length[row])
+            assert path[row, a + 1 :].tolist() == [min(d, 3) for d in range(a + 1, 8)]
+
+
 # --- trees in the decoding loop ---
 
 FAMILIES = ["qwen3", "gpt_oss", "qwen3_moe"]  # dense; sliding window with sinks; mixture of experts
