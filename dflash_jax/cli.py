@@ -98,10 +98,11 @@ def _add_speculation(p) -> None:
     p.add_argument(
         "--tree",
         default="off",
-        metavar="off|N",
+        metavar="off|auto|N",
         help="with a DFlash drafter: verify a draft tree of N nodes per round (the best-first tree of the drafter's "
-        "per-offset distributions, with prompt lookup's continuation as a branch when --prompt-lookup is on; "
-        "lossless, at any temperature), or one chain (off). Not for Gated DeltaNet targets (Qwen3.5)",
+        "per-offset distributions, with prompt lookup's continuations as branches when --prompt-lookup is on; "
+        "lossless, at any temperature), or one chain (off); auto: a tree where one is measured faster (the shipped "
+        "drafter on a CPU: 7 nodes), chains elsewhere. Not for Gated DeltaNet targets (Qwen3.5)",
     )
     p.add_argument(
         "--calibrate",
@@ -980,7 +981,7 @@ def cmd_bench(args) -> None:
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone
         arms.append("default")
         plans["default"] = _plan(args, ck, tok, drafter, block_size=None)
-        if speculation.parse_tree(args.tree):  # and the same without trees, interleaved with it
+        if getattr(plans["default"].step, "tree_size", 0):  # and the same without trees, interleaved with it
             arms.append("chains")
             plans["chains"] = _plan(args, ck, tok, drafter, block_size=None, tree="off")
     plain = Decoder(ck.params, ck.cfg, sampling=sampling)

@@ -57,6 +57,13 @@ CPU_BLOCK_SIZE = 8
 # on the five sets, against 1.16-1.26x with the latest occurrence's alone (docs/BENCHMARKS.md "Draft trees").
 TREE_LOOKUP_BRANCHES = 3
 
+# ``--tree auto``'s node budget for the shipped drafter on a CPU: 7 nodes, so a round verifies at most 8
+# positions, the chains' CPU block (a verify is compute-bound there: 16 positions cost 2.4 plain steps, 8
+# cost 1.7). Interleaved with today's chains, 6 prompts a set: GSM8K 1.73x plain against 1.66x, the five
+# sets 1.44x against 1.42x (docs/BENCHMARKS.md "Draft trees"). Elsewhere (another drafter, an accelerator)
+# ``auto`` verifies chains until a tree is measured faster there.
+CPU_TREE_BUDGET = 7
+
 # What --drafter takes besides a folder.
 DRAFTER_NAMES = ("auto", "none", "random", "ngram")
 
@@ -296,20 +303,23 @@ def load(spec: str, ck: TargetCheckpoint, tok, *, seed: int = 0, draft_vocab: in
     return Drafter(params, cfg, resolved, shipped=spec == "auto")
 
 
-def parse_tree(value: int | str | None) -> int:
-    """``--tree`` as a node budget: ``None``/``"off"``/0 -> 0 (chains), else a whole number >= 2.
+def parse_tree(value: int | str | None) -> int | str:
+    """``--tree`` as a node budget: ``None``/``"off"``/0 -> 0 (chains), ``"auto"`` as it is (``plan_for``
+    decides: ``CPU_TREE_BUDGET``), else a whole number >= 2.
 
     Raises:
       ValueError: anything else.
     """
     if value is None or value in ("off", 0, "0"):
         return 0
+    if value == "auto":
+        return "auto"
     try:
         budget = _whole(value)
     except (TypeError, ValueError):
         budget = 0
     if budget < 2:
-        raise ValueError(f"--tree takes off or a node budget of 2 or more (such as 16); got {value!r}")
+        raise ValueError(f"--tree takes off, auto or a node budget of 2 or more (such as 16); got {value!r}")
     return budget
 
 
@@ -350,7 +360,9 @@ def plan_for(
     CPU default"); with no drafter shipped, prompt lookup alone. The other arguments: as
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
-    ``tree``: ``None``/``"off"``: chains; a number ``N``: a DFlash drafter's best-first tree of ``N``
+    ``tree``: ``None``/``"off"``: chains; ``"auto"``: the shipped drafter on a CPU with prompt lookup
+    on a tree of ``CPU_TREE_BUDGET`` nodes, chains elsewhere (where no tree is measured faster yet);
+    a number ``N``: a DFlash drafter's best-first tree of ``N``
     nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
     the ``TREE_LOOKUP_BRANCHES`` best earlier occurrences as branches when ``prompt_lookup``. On a CPU
     a row with a match then takes the branches alone (the drafter's forward skipped when every row
@@ -385,13 +397,15 @@ def plan_for(
         backend=backend,
     )
     budget = parse_tree(tree)
+    on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
+    auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
+    if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
+        budget = CPU_TREE_BUDGET if auto_on_cpu and prompt_lookup else 0
     if budget and isinstance(loaded, str):
         raise ValueError(f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter")
     if loaded == "ngram":
         return make_plan(ngram, label="prompt lookup alone", **settings)
     alone = DraftStep(loaded.cfg, ck.cfg)
-    on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
-    auto_on_cpu = loaded.shipped and on_cpu
     if budget:
         branch = dataclasses.replace(ngram, block_size=loaded.cfg.block_size) if prompt_lookup else None
         skip = on_cpu if skip_drafter is None else skip_drafter

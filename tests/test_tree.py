@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 
@@ -536,9 +537,19 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     dec = Decoder(ck.params, ck.cfg, plan)
     costs = dec.costs_for(dec.shape_for([7], 8)).tolist()  # timed on the tree verify at each width
     assert len(costs) == 5 and costs[0] == 1.0 and costs == sorted(costs)
-    assert parse_tree(None) == parse_tree("off") == 0 and parse_tree("16") == 16
+    assert parse_tree(None) == parse_tree("off") == 0 and parse_tree("16") == 16 and parse_tree("auto") == "auto"
+    # --tree auto: a tree where one is measured faster (the shipped drafter on a CPU, with prompt lookup)
+    shipped = dataclasses.replace(speculation.load("random", ck, tok), shipped=True)
+    auto = plan_for(ck, shipped, tok, tree="auto")
+    assert isinstance(auto.step, TreeStep) and auto.step.tree_size == speculation.CPU_TREE_BUDGET == 7
+    assert auto.block_size == min(speculation.CPU_BLOCK_SIZE, shipped.cfg.block_size) and auto.step.skip_drafter
+    assert auto.verify_lengths == (1, 2, 4, 8)  # at most the chains' CPU block
+    assert type(plan_for(ck, shipped, tok, tree="auto", backend="tpu").step).__name__ == "HybridStep"
+    assert type(plan_for(ck, shipped, tok, tree="auto", prompt_lookup=False).step).__name__ == "DraftStep"
+    assert type(plan_for(ck, "random", tok, tree="auto").step).__name__ == "HybridStep"  # not the shipped one
+    assert plan_for(ck, "none", tok, tree="auto") is None
     for bad in ("1", "many", 2.5):
-        with pytest.raises(ValueError, match="--tree takes off or a node budget of 2 or more"):
+        with pytest.raises(ValueError, match="--tree takes off, auto or a node budget of 2 or more"):
             parse_tree(bad)
     import argparse
 
