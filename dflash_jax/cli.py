@@ -97,7 +97,7 @@ def _add_speculation(p) -> None:
     )
     p.add_argument(
         "--tree",
-        default="off",
+        default="auto",
         metavar="off|auto|N",
         help="with a DFlash drafter: verify a draft tree of N nodes per round (the best-first tree of the drafter's "
         "per-offset distributions, with prompt lookup's continuations as branches when --prompt-lookup is on; "

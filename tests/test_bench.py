@@ -269,13 +269,15 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
 
 def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(bench_setup, tmp_path, monkeypatch):
     """The 'default' row decodes as ``generate`` would with the same ``--drafter``: with ``auto`` on
-    a CPU that is the shipped drafter beside prompt lookup at ``CPU_BLOCK_SIZE`` (``speculation.plan_for``),
-    not the drafter alone that the DFlash rows measure; with a folder it is that drafter beside
-    prompt lookup (``HybridStep``) at the drafter's block size."""
+    a CPU that is the shipped drafter's 7-node tree with prompt lookup's branches at ``CPU_BLOCK_SIZE``
+    (``speculation.plan_for``, ``--tree auto``), then the same chains interleaved (the shipped drafter
+    beside prompt lookup), not the drafter alone that the DFlash rows measure; with a folder it is
+    that drafter beside prompt lookup (``HybridStep``) at the drafter's block size."""
     from dflash_jax import cli, hub
     from dflash_jax.drafter import DraftStep
     from dflash_jax.ngram import HybridStep
     from dflash_jax.speculation import CPU_BLOCK_SIZE
+    from dflash_jax.tree_step import TreeStep
 
     ck, root = bench_setup
     monkeypatch.setenv("DFLASH_JAX_EVAL_DATA", str(root / "eval"))
@@ -295,9 +297,15 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             ["bench", "--target", str(ck.path), "--drafter", spec, "--dataset", "gsm8k", "--max-samples", "1"]
             + ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
         )
-        default = made[-1]  # plain, the DFlash rows and prompt lookup's row are made before it
-        assert type(default.drafter) is HybridStep and default.drafter.default_block == block, (spec, default)
-        assert default.block_size == 8 and default.verify_lengths == (1, 2, 4, 8)
+        if spec == "auto":  # --tree auto: a tree of 7 nodes on a CPU, then the same chains ('chains')
+            default, chains = made[-2:]
+            assert isinstance(default.drafter, TreeStep) and default.tree_size == 7 and default.drafter.skip_drafter
+            assert default.block_size == 8 and default.verify_lengths == (1, 2, 4, 8)
+            assert json.loads(out.read_text())["settings"]["arms"][-2:] == ["default", "chains"]
+        else:  # another drafter: chains (no tree measured faster for it), so no 'chains' row
+            chains = made[-1]
+        assert type(chains.drafter) is HybridStep and chains.drafter.default_block == block, (spec, chains)
+        assert chains.block_size == 8 and chains.verify_lengths == (1, 2, 4, 8)
         assert type(made[1].drafter) is DraftStep and made[1].block_size == 4  # a DFlash row: the drafter alone
         assert json.loads(out.read_text())["records"][0]["default"]["identical"]
 

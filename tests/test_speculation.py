@@ -401,12 +401,14 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=16, mask_token_id=3, block_input="ngram")
     folder = export_released(init_drafter_params(dcfg), dcfg, tmp_path / "shipped")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: folder)
-    plan = plan_for(ck, "auto", tok)
+    plan = plan_for(ck, "auto", tok, tree="off")  # chains (the default, --tree auto, is a tree here: test_tree)
     step, params = plan.step, plan.params
     assert isinstance(step, HybridStep) and step.min_match == 2
     assert plan.block_size == step.default_block_size == CPU_BLOCK_SIZE == 8 and step.max_block_size == 16
     assert plan.verify_lengths == (1, 2, 4, 8)
-    assert plan_for(ck, "auto", tok, block_size=16).block_size == 16
+    assert plan_for(ck, "auto", tok, block_size=16, tree="off").block_size == 16
+    auto = plan_for(ck, "auto", tok)  # generate's default: --tree auto, a tree of 7 nodes at the same block
+    assert auto.step.tree_size == 7 and auto.block_size == 8 and auto.verify_lengths == (1, 2, 4, 8)
     # explicit verify lengths longer than the default block raise it (up to the drafter's)
     assert make_plan(step, params, verify_lengths=[1, 4, 16]).block_size == 16
     with pytest.raises(ValueError, match="must lie in \\[1, block size 8\\]; pass lengths from 1 to 16, the longest"):
@@ -426,7 +428,7 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     assert loaded.shipped and all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded.params))  # placed once
     with monkeypatch.context() as m:
         m.setattr(drafter_io, "load_drafter", lambda *a: pytest.fail("the drafter was loaded twice"))
-        again = plan_for(ck, loaded, tok)
+        again = plan_for(ck, loaded, tok, tree="off")
         assert again.params is loaded.params and isinstance(again.step, HybridStep)
         assert again.block_size == CPU_BLOCK_SIZE
     with monkeypatch.context() as m:  # on an accelerator (nothing compiles here: only the choices)
@@ -443,7 +445,8 @@ def test_auto_on_a_cpu_is_the_shipped_drafter_beside_prompt_lookup_at_block_8(ti
     small = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     small_folder = export_released(init_drafter_params(small), small, tmp_path / "b4")
     monkeypatch.setattr(hub, "shipped_drafter", lambda identity: small_folder)
-    assert plan_for(ck, "auto", tok).block_size == 4  # never above the drafter's block
+    assert plan_for(ck, "auto", tok).block_size == 4  # never above the drafter's block (a tree's too)
+    assert plan_for(ck, "auto", tok, tree="off").block_size == 4
     with pytest.raises(ValueError, match="default_block must be in \\[2, the drafter's 16\\], got 17"):
         HybridStep(step.dflash, NgramStep(), default_block=17)
 
