@@ -1096,8 +1096,9 @@ def cmd_demo(args) -> None:
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
         "on this machine; on a CPU with a drafter shipped (where a 16-token verify costs 2-3.8 plain steps, by "
-        "machine) they take prompt lookup's draft where the last 2 tokens occurred before and the drafter's "
-        "elsewhere, at block 8 (or the drafter's, if smaller). docs/BENCHMARKS.md has the tables"
+        "machine) they verify a draft tree of 7 nodes (--tree auto): prompt lookup's branches where the last 2 "
+        "tokens occurred before, the drafter's tree elsewhere, at block 8 (or the drafter's, if smaller). "
+        "docs/BENCHMARKS.md has the tables"
     )
 
 
