@@ -102,7 +102,7 @@ def _add_speculation(p) -> None:
         help="with a DFlash drafter: verify a draft tree of N nodes per round (the best-first tree of the drafter's "
         "per-offset distributions, with prompt lookup's continuations as branches when --prompt-lookup is on; "
         "lossless, at any temperature), or one chain (off); auto: a tree where one is measured faster (the shipped "
-        "drafter on a CPU: 7 nodes), chains elsewhere. Not for Gated DeltaNet targets (Qwen3.5)",
+        "drafter on a CPU, greedy: 7 nodes), chains elsewhere. Not for Gated DeltaNet targets (Qwen3.5)",
     )
     p.add_argument(
         "--calibrate",
@@ -164,6 +164,9 @@ def _plan(args, ck, tok, drafter=None, **overrides):
         draft_vocab=args.draft_vocab,
         seed=getattr(args, "seed", 0),
         tree=args.tree,
+        # --tree auto: a tree for greedy decoding only (serve has no --temperature: its one plan is the greedy
+        # one, and it stays lossless for a request that samples)
+        sampled=getattr(args, "temperature", 0.0) > 0,
     )
     try:
         return speculation.plan_for(ck, drafter or args.drafter, tok, **{**settings, **overrides})
@@ -178,7 +181,7 @@ def _tree_arm(value: str) -> tuple[int, bool]:
         n = speculation.parse_tree(budget)
     except ValueError:
         n = 0
-    if not n or (plus and branch != "lookup"):
+    if not isinstance(n, int) or not n or (plus and branch != "lookup"):  # not "auto": a row is one budget
         raise argparse.ArgumentTypeError(f"{value!r}: pass a node budget of 2 or more, alone (16) or as 16+lookup")
     return n, bool(plus)
 
@@ -467,10 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-arm",
         default="on",
         choices=["on", "off"],
-        help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup and "
-        "--verify-lengths, at generate's default block (not --block-size; with --drafter auto on a CPU: the "
-        "shipped drafter beside prompt lookup at block 8); with --tree N also the same settings without trees "
-        "(row 'chains'), interleaved with it",
+        help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup, "
+        "--verify-lengths and --tree, at generate's default block (not --block-size; with --drafter auto on a CPU, "
+        "greedy: the shipped drafter's 7-node tree with prompt lookup's branches at block 8, --tree auto); where "
+        "that is a tree, also the same settings without trees (row 'chains'), interleaved with it",
     )
 
     d = sub.add_parser(

@@ -60,8 +60,9 @@ TREE_LOOKUP_BRANCHES = 3
 # ``--tree auto``'s node budget for the shipped drafter on a CPU: 7 nodes, so a round verifies at most 8
 # positions, the chains' CPU block (a verify is compute-bound there: 17 positions cost 2.4x one, 8 cost
 # 1.6x). Interleaved with the chains, 20 prompts a set: GSM8K 1.77x plain against 1.73x, the five sets
-# 1.51x against 1.48x, no set slower (docs/BENCHMARKS.md "Draft trees"). Elsewhere (another drafter, an
-# accelerator) ``auto`` verifies chains until a tree is measured faster there.
+# 1.51x against 1.48x, no set slower (docs/BENCHMARKS.md "Draft trees"). Elsewhere (sampled decoding, where
+# the tree's tau was the chains' and its speed lower on 15 prompts; another drafter; an accelerator) ``auto``
+# verifies chains until a tree is measured faster there.
 CPU_TREE_BUDGET = 7
 
 # What --drafter takes besides a folder.
@@ -345,6 +346,7 @@ def plan_for(
     backend: str | None = None,
     tree: int | str | None = "auto",
     skip_drafter: bool | None = None,
+    sampled: bool = False,
 ) -> Plan | None:
     """The plan for what a user asks (``generate``'s flags); ``None``: plain decoding.
 
@@ -361,10 +363,10 @@ def plan_for(
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
     ``tree``: ``None``/``"off"``: chains; ``"auto"`` (the default, as ``generate``'s): the shipped drafter
-    on a CPU with prompt lookup verifies a tree of ``CPU_TREE_BUDGET`` nodes, everything else chains
-    (where no tree is measured faster yet; never a Gated DeltaNet target); a number ``N``: a DFlash
-    drafter's best-first tree of ``N``
-    nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
+    on a CPU with prompt lookup, decoding greedily (``sampled`` False) at the default block size and
+    verify lengths, verifies a tree of ``CPU_TREE_BUDGET`` nodes; everything else chains (where no
+    tree is measured faster yet: sampled decoding, another drafter, an accelerator; never a Gated
+    DeltaNet target); a number ``N``: a DFlash drafter's best-first tree of ``N`` nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
     the ``TREE_LOOKUP_BRANCHES`` best earlier occurrences as branches when ``prompt_lookup``. On a CPU
     a row with a match then takes the branches alone (the drafter's forward skipped when every row
     has one, ``skip_drafter``) and the shipped drafter drafts
@@ -402,7 +404,9 @@ def plan_for(
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
     if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
         recurrent = any(ck.cfg.is_linear(i) for i in range(ck.cfg.num_layers))  # no per-node state: chains
-        budget = CPU_TREE_BUDGET if auto_on_cpu and prompt_lookup and not recurrent else 0
+        # and only at the defaults' own block and widths: a --block-size or --verify-lengths asked for gets chains
+        defaults = block_size is None and verify_lengths == "auto"
+        budget = CPU_TREE_BUDGET if auto_on_cpu and prompt_lookup and defaults and not recurrent and not sampled else 0
     if budget and isinstance(loaded, str):
         raise ValueError(f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter")
     if loaded == "ngram":

@@ -546,6 +546,9 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     assert auto.verify_lengths == (1, 2, 4, 8)  # at most the chains' CPU block
     assert type(plan_for(ck, shipped, tok, tree="auto", backend="tpu").step).__name__ == "HybridStep"
     assert type(plan_for(ck, shipped, tok, tree="auto", prompt_lookup=False).step).__name__ == "DraftStep"
+    assert type(plan_for(ck, shipped, tok, tree="auto", sampled=True).step).__name__ == "HybridStep"  # greedy only
+    for asked in (dict(block_size=16), dict(verify_lengths=[1, 4, 16])):  # the user's block or widths: chains
+        assert type(plan_for(ck, shipped, tok, tree="auto", **asked).step).__name__ == "HybridStep"
     assert type(plan_for(ck, "random", tok, tree="auto").step).__name__ == "HybridStep"  # not the shipped one
     assert plan_for(ck, "none", tok, tree="auto") is None
     for bad in ("1", "many", 2.5):
@@ -556,7 +559,7 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     from dflash_jax.cli import _tree_arm  # bench --tree-arms
 
     assert _tree_arm("16") == (16, False) and _tree_arm("32+lookup") == (32, True)
-    for bad in ("16+ngram", "1+lookup", "+lookup", "x"):
+    for bad in ("16+ngram", "1+lookup", "+lookup", "x", "auto", "auto+lookup"):
         with pytest.raises(argparse.ArgumentTypeError, match="alone .16. or as 16\\+lookup"):
             _tree_arm(bad)
     with pytest.raises(ValueError, match="a draft tree is built from a DFlash drafter"):
