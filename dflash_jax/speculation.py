@@ -366,7 +366,8 @@ def plan_for(
     on a CPU with prompt lookup, decoding greedily (``sampled`` False) at the default block size and
     verify lengths, verifies a tree of ``CPU_TREE_BUDGET`` nodes; everything else chains (where no
     tree is measured faster yet: sampled decoding, another drafter, an accelerator; never a Gated
-    DeltaNet target); a number ``N``: a DFlash drafter's best-first tree of ``N`` nodes a round (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
+    DeltaNet target); a number ``N``: a DFlash drafter's best-first tree of ``N`` nodes a round
+    (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
     the ``TREE_LOOKUP_BRANCHES`` best earlier occurrences as branches when ``prompt_lookup``. On a CPU
     a row with a match then takes the branches alone (the drafter's forward skipped when every row
     has one, ``skip_drafter``) and the shipped drafter drafts
