@@ -641,7 +641,7 @@ class Decoder:
         self.drafter_params = _on_device(plan.params) if plan is not None else None
         self.block_size = plan.block_size if plan is not None else 1
         self.tree_size = getattr(self.drafter, "tree_size", 0)
-        if self.tree_size and any(cfg.is_linear(i) for i in range(cfg.num_layers)):
+        if self.tree_size and cfg.has_linear_layers:
             raise ValueError(
                 "tree verification is not supported with linear-attention (Gated DeltaNet) layers: their recurrent "
                 "state has no per-node copy for the branches; verify one chain (--tree off)"

@@ -404,10 +404,10 @@ def plan_for(
     on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
     if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
-        recurrent = any(ck.cfg.is_linear(i) for i in range(ck.cfg.num_layers))  # no per-node state: chains
         # and only at the defaults' own block and widths: a --block-size or --verify-lengths asked for gets chains
         defaults = block_size is None and verify_lengths == "auto"
-        budget = CPU_TREE_BUDGET if auto_on_cpu and prompt_lookup and defaults and not recurrent and not sampled else 0
+        measured = auto_on_cpu and prompt_lookup and defaults and not sampled
+        budget = CPU_TREE_BUDGET if measured and not ck.cfg.has_linear_layers else 0  # DeltaNet: no per-node state
     if budget and isinstance(loaded, str):
         raise ValueError(f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter")
     if loaded == "ngram":

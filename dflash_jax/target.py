@@ -210,6 +210,12 @@ class TargetConfig:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     @property
+    def has_linear_layers(self) -> bool:
+        """Whether any layer is linear attention (Gated DeltaNet): one recurrent state per sequence, so no
+        per-node copy for a draft tree's branches."""
+        return any(self.is_linear(i) for i in range(self.num_layers))
+
+    @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 

@@ -406,6 +406,12 @@ def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
     plan = make_plan(TreeStep(DraftStep(dcfg, ck.cfg), 4), init_drafter_params(dcfg, seed=1))
     with pytest.raises(ValueError, match="not supported with linear-attention"):
         Decoder(ck.params, ck.cfg, plan)
+    # --tree auto never builds one there, even for a shipped drafter on a CPU: chains
+    from dflash_jax import speculation
+
+    assert ck.cfg.has_linear_layers
+    shipped = dataclasses.replace(speculation.load("random", ck, ck.tokenizer()), shipped=True)
+    assert type(speculation.plan_for(ck, shipped, ck.tokenizer(), tree="auto").step).__name__ == "HybridStep"
 
 
 def test_a_sorted_tree_lists_its_best_nodes_first_with_parents_before_children():
