@@ -75,8 +75,8 @@ def run(
 
     Returns:
       every record (old and new), one per (dataset, id, turn): ``plain`` and per-arm timings
-      (``tokens``, ``decode_s``, ``prefill_s``, ``compile_s``), ``acceptance_lengths``,
-      ``block_size`` and ``identical`` (same tokens as plain) per arm, ``loops``,
+      (``tokens``, ``decode_s``, ``prefill_s``, ``compile_s``), ``acceptance_lengths``, ``verify_widths``
+      (positions verified per round), ``block_size`` and ``identical`` (same tokens as plain) per arm, ``loops``,
       ``prompt_tokens``, ``output_ids`` (plain).
 
     Raises:
@@ -119,6 +119,7 @@ def run(
                         rec[arm_key(arm)] = {
                             **_timing(r),
                             "acceptance_lengths": r.acceptance_lengths,
+                            "verify_widths": r.verify_widths,
                             "block_size": dec.block_size,
                             **({"tree_nodes": dec.tree_size} if dec.tree_size else {}),
                             "identical": r.token_ids == b.token_ids,
@@ -261,15 +262,20 @@ def summarise(records: Sequence[dict], arm: int | str) -> dict:
         return toks / max(sum(r[key]["decode_s"] for r in recs), 1e-9)
 
     plain_tps, spec_tps = tps("plain"), tps(k)
-    # tokens per position the target verifies: a tree row verifies its anchor and nodes each round, a
-    # DFlash row its whole block (an arm choosing its verify length or width per round: not recorded, None)
+    # tokens per position the target verifies, from each round's verify width where recorded; records made
+    # before widths were: a DFlash row verifies its whole block, a tree row its anchor and nodes, an arm that
+    # chooses its width per round is unknown (None)
     width = block_size if isinstance(arm, int) else None  # a DFlash row: its whole block
     if str(arm).startswith("tree") and "tree_nodes" in recs[0][k]:  # a tree row: its anchor and nodes
         width = recs[0][k]["tree_nodes"] + 1
+    verified = [w for r in recs for w in r[k].get("verify_widths", [])]
+    if len(verified) == len(acc) and acc:
+        width = float(np.mean(verified))
     return {
         "prompts": len(recs),
         "tau": float(np.mean(acc)) if acc else 0.0,
         "tokens_per_verified": float(np.mean(acc)) / width if acc and width else None,
+        "mean_verify_width": float(width) if acc and width else None,
         "tau_per_prompt": float(np.mean(per_prompt)) if per_prompt else 0.0,
         "rounds": len(acc),
         "acceptance_histogram": hist.tolist(),
@@ -306,8 +312,8 @@ def report(records: Sequence[dict], block_sizes: Sequence[int | str], datasets: 
 
 def markdown(rep: dict) -> str:
     """The report as a Markdown table (one row per dataset and arm; a number is the DFlash block size;
-    tokens per verified position: tau over the positions a round verifies, for arms that verify a
-    fixed width: a DFlash block, a tree's anchor and nodes)."""
+    tokens per verified position: tau over the positions a round verifies, from each round's recorded
+    width, or for records without widths the fixed width of a DFlash block or a tree's anchor and nodes)."""
     lines = [
         "| dataset | arm | prompts | tau | tau/prompt | tokens per verified position | plain tok/s | DFlash tok/s | "
         "speedup | TTFT plain / DFlash (ms) | looping | loop-free tau | loop-free speedup | identical |",

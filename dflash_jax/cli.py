@@ -694,6 +694,7 @@ def cmd_generate(args) -> None:
                 "token_ids": r.token_ids,
                 "num_output_tokens": r.num_output_tokens,
                 "acceptance_lengths": r.acceptance_lengths,
+                "verify_widths": r.verify_widths,
                 "tau": r.tau,
                 "decode_tokens_per_s": max(r.num_output_tokens - 1, 0)
                 / max(r.decode_s, 1e-9),  # the first is from prefill
@@ -721,7 +722,9 @@ def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
     from dflash_jax import offline
     from dflash_jax.utils import json_sha256
 
-    drafting = ("drafter", "block_size", "prompt_lookup", "ngram_max", "ngram_min", "verify_lengths", "calibrate")
+    # the flags the plan does not spell out; the block size, verify lengths and tree are keyed as the plan resolved
+    # them ("plan"), so a job started with the defaults resumes under the same plan asked for by name
+    drafting = ("drafter", "prompt_lookup", "ngram_max", "ngram_min", "calibrate", "draft_vocab")
     settings = {
         "target": ck.identity,
         "dtype": args.dtype,
@@ -732,7 +735,7 @@ def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k},
         "seed": args.seed,
         "plan": plan.describe() if plan is not None else "none (plain decoding)",
-        **{k: getattr(args, k) for k in drafting + ("draft_vocab", "tree")},
+        **{k: getattr(args, k) for k in drafting},
     }
 
     def record(i: int, r) -> dict:
@@ -744,6 +747,7 @@ def _generate_offline(args, items, all_ids, ck, tok, plan, dec, stops) -> None:
             "num_output_tokens": r.num_output_tokens,
             "tau": r.tau,
             "acceptance_lengths": r.acceptance_lengths,
+            "verify_widths": r.verify_widths,
             "prefill_s": r.prefill_s,
             "decode_s": r.decode_s,
             "compile_s": r.compile_s,
@@ -1001,7 +1005,6 @@ def cmd_bench(args) -> None:
                     "prompt_lookup": args.prompt_lookup,
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
-                    **({"tree": args.tree} if args.tree != "off" else {}),
                     # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8; v5 (sampled only): the
                     # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged)
                     "code": "speculation_for v4" if sampling.greedy else "speculation_for v5",

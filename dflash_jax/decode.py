@@ -91,6 +91,7 @@ class LoopState(NamedTuple):
     accepted: Array  # [B, max_rounds] tokens committed per round
     key: Array  # [B] PRNG keys (used only when sampling)
     calibration: Array  # [B, CALIBRATION_BINS, 2] float32: draft tokens checked / accepted (``calibrate``)
+    verified: Array  # [B, max_rounds] positions the target verified per round (the batch's verify width)
 
 
 def _row_slice(x: Array, start: Array, size: int) -> Array:
@@ -261,6 +262,7 @@ def prefill(
         jnp.zeros((b, shape.max_rounds), jnp.int32),
         key,
         jnp.zeros((b, CALIBRATION_BINS, 2), jnp.float32),
+        jnp.zeros((b, shape.max_rounds), jnp.int32),
     )
 
 
@@ -443,9 +445,11 @@ def decode_loop(
                 args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
                 branches = [partial(verify_tree_width, width=w, **verify_kw) for w in lengths]
                 target_tok, feats, tcache = jax.lax.switch(choice, branches, *args)
+                width = jnp.asarray(lengths, jnp.int32)[choice]
             else:
                 args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
                 target_tok, feats, tcache = verify_tree(*args, **verify_kw)
+                width = jnp.int32(tree.tokens.shape[1] + 1)  # the anchor and every node
             walk = accept_walk(tree, target_tok, bs - 1)
             if len(lengths) > 1 and shape.calibrate:  # a node counts as checked when its parent was accepted
                 took = on_path(walk, tree.tokens.shape[1])
@@ -465,8 +469,10 @@ def decode_loop(
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
             branches = [partial(verify, length) for length in lengths]
             out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
+            width = jnp.asarray(lengths, jnp.int32)[choice]
         else:
             out, feats, tcache = verify(lengths[0], block, s.start, s.target_cache)
+            width = jnp.int32(lengths[0])
         if tree is not None:
             pass  # walked above
         elif sampling.greedy:
@@ -501,10 +507,11 @@ def decode_loop(
         tcache = commit_cache(tcache, produced)  # recurrent layers keep the committed tokens only (rollback)
         start = s.start + produced
         done = s.done | hit | (start + 1 >= s.limit)
-        accepted = jnp.where(
-            active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None]), produced[:, None], s.accepted
-        )
-        return LoopState(tokens, start, s.limit, done, tcache, dcache, s.rounds + active, accepted, s.key, calibration)
+        this_round = active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None])
+        accepted = jnp.where(this_round, produced[:, None], s.accepted)
+        verified = jnp.where(this_round, width, s.verified)
+        rounds = s.rounds + active
+        return LoopState(tokens, start, s.limit, done, tcache, dcache, rounds, accepted, s.key, calibration, verified)
 
     def cond(s: LoopState):
         go = jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
@@ -577,6 +584,7 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     compile_s: float
+    verify_widths: list[int] = dataclasses.field(default_factory=list)  # per round: positions the target verified
 
     @property
     def num_output_tokens(self) -> int:
@@ -875,8 +883,8 @@ class Decoder:
             self._sink([[int(t)] for t in first])
         state = jax.block_until_ready(loop(self.params, self.drafter_params, state, stops, costs, _RUN_TO_END))
         t2 = time.perf_counter()
-        tokens, start, limit, rounds, accepted = jax.device_get(
-            (state.tokens, state.start, state.limit, state.rounds, state.accepted)
+        tokens, start, limit, rounds, accepted, verified = jax.device_get(
+            (state.tokens, state.start, state.limit, state.rounds, state.accepted, state.verified)
         )
         results = []
         for i in range(n):
@@ -885,6 +893,7 @@ class Decoder:
                 GenerationResult(
                     token_ids=tokens[i, lens[i] : end].tolist(),
                     acceptance_lengths=accepted[i, : rounds[i]].tolist(),
+                    verify_widths=verified[i, : rounds[i]].tolist(),
                     prefill_s=t1 - t0,
                     decode_s=t2 - t1,
                     compile_s=compile_s,
@@ -985,8 +994,8 @@ class Decoder:
             finished = np.flatnonzero(done & (request >= 0))
             if finished.size:
                 now = time.perf_counter()
-                tokens, start, limit, rounds, accepted = jax.device_get(
-                    (state.tokens, state.start, state.limit, state.rounds, state.accepted)
+                tokens, start, limit, rounds, accepted, verified = jax.device_get(
+                    (state.tokens, state.start, state.limit, state.rounds, state.accepted, state.verified)
                 )
                 for r in finished:
                     i = int(request[r])
@@ -996,6 +1005,7 @@ class Decoder:
                         GenerationResult(
                             token_ids=tokens[r, len(prompts[i]) : end].tolist(),
                             acceptance_lengths=accepted[r, : rounds[r]].tolist(),
+                            verify_widths=verified[r, : rounds[r]].tolist(),
                             prefill_s=float(prefill_s[r]),
                             decode_s=now - float(entered[r]),
                             compile_s=float(charged[r]),

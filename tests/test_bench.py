@@ -108,6 +108,13 @@ def test_summary_figures_by_hand():
     t = summarise(recs, "tree6")
     assert t["tau"] == s["tau"] and t["tokens_per_verified"] == pytest.approx(13 / 5 / 7)
     assert "| x | tree6 | 2 | 2.60 | 2.67 | 0.371 |" in bench.markdown(bench.report(recs, ["tree6"], ["x"]))
+    # an arm that picks its width per round: tokens per verified position from the widths recorded
+    for r, widths in zip(recs, ([8, 1, 2], [4, 4])):
+        r["default"] = dict(r["tree6"], verify_widths=widths)
+    d = summarise(recs, "default")
+    assert d["mean_verify_width"] == pytest.approx(19 / 5) and d["tokens_per_verified"] == pytest.approx(13 / 19)
+    recs[1]["default"].pop("verify_widths")  # a record made before widths were: unknown for the arm
+    assert summarise(recs, "default")["tokens_per_verified"] is None
 
 
 def test_records_of_other_settings_name_the_fields_that_differ(tmp_path):
@@ -293,10 +300,9 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()
         out = tmp_path / spec.replace("/", "_") / "r.json"
-        cli.main(
-            ["bench", "--target", str(ck.path), "--drafter", spec, "--dataset", "gsm8k", "--max-samples", "1"]
-            + ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
-        )
+        argv = ["bench", "--target", str(ck.path), "--drafter", spec, "--dataset", "gsm8k", "--max-samples", "1"]
+        argv += ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
+        cli.main(argv)
         if spec == "auto":  # --tree auto: a tree of 7 nodes on a CPU, then the same chains ('chains')
             default, chains = made[-2:]
             assert isinstance(default.drafter, TreeStep) and default.tree_size == 7 and default.drafter.skip_drafter
@@ -308,6 +314,11 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
         assert chains.block_size == 8 and chains.verify_lengths == (1, 2, 4, 8)
         assert type(made[1].drafter) is DraftStep and made[1].block_size == 4  # a DFlash row: the drafter alone
         assert json.loads(out.read_text())["records"][0]["default"]["identical"]
+        if spec == "auto":  # the same plan asked for by name resumes: records key the plan, not the flag as typed
+            records = out.with_name("r.records.jsonl")
+            before = records.read_text()
+            cli.main([*argv, "--tree", "7"])
+            assert records.read_text() == before
 
 
 def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):

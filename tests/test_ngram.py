@@ -540,6 +540,10 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
     got = dec.generate(prompts, n_new)
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids
+        # each round's verify width is recorded: one of the lengths compiled, never fewer than it committed
+        assert len(g.verify_widths) == len(g.acceptance_lengths) and set(g.verify_widths) <= set(verify_lengths or [bs])
+        assert all(a <= v for a, v in zip(g.acceptance_lengths, g.verify_widths))
+        assert w.verify_widths == [1] * len(w.acceptance_lengths)  # plain decoding: one position a step
     if verify_lengths is None:
         free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]
         for p, seq, g in zip(prompts, free, got):

@@ -392,6 +392,10 @@ def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, 
         for w, g in zip(want, got):
             assert g.token_ids == w.token_ids
             assert sum(g.acceptance_lengths) == len(g.token_ids) - 1
+            # each round's verify width: a compiled width (the whole tree without widths), never below its tokens
+            assert set(g.verify_widths) <= set(widths or [budget + 1])
+            assert len(g.verify_widths) == len(g.acceptance_lengths)
+            assert all(a <= v for a, v in zip(g.acceptance_lengths, g.verify_widths))
 
 
 def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
