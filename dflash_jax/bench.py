@@ -292,10 +292,38 @@ def summarise(records: Sequence[dict], arm: int | str) -> dict:
     }
 
 
+# Arms compared prompt by prompt when both were measured: (arm, against)
+PAIRED = (("default", "chains"),)
+
+
+def paired(records: Sequence[dict], arm: str, against: str) -> dict:
+    """``arm`` against ``against`` prompt by prompt (both decoded in turn on each, so a slow spell of the
+    machine falls on both): the ratio of their decode speeds (tokens after the first over decode
+    seconds) per prompt, its mean with one standard error, its geometric mean, and the prompts on
+    which ``arm`` was faster. Prompts of fewer than 2 tokens are left out."""
+    ratios = []
+    for r in records:
+        if arm in r and against in r and r[arm]["tokens"] > 1 and r[arm]["decode_s"] > 0 and r[against]["decode_s"] > 0:
+            speed = lambda k: (r[k]["tokens"] - 1) / r[k]["decode_s"]  # noqa: E731
+            ratios.append(speed(arm) / speed(against))
+    if not ratios:
+        return {"prompts": 0}
+    x = np.asarray(ratios)
+    se = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else None
+    return {
+        "prompts": len(x),
+        "mean": float(x.mean()),
+        "standard_error": se,
+        "geometric_mean": float(np.exp(np.log(x).mean())),
+        "faster": int(np.sum(x > 1)),
+    }
+
+
 def report(records: Sequence[dict], block_sizes: Sequence[int | str], datasets: Sequence[str]) -> dict:
     """Per dataset (and all together) and per arm (``block_sizes``: DFlash block sizes and arm
-    names): ``summarise`` of all prompts and of the loop-free ones. Top level: ``tau`` and
-    ``speedup`` of all prompts for the first arm."""
+    names): ``summarise`` of all prompts and of the loop-free ones; for each pair of ``PAIRED`` arms
+    both measured, ``paired`` per dataset (``paired[f"{arm}/{against}"][dataset]``). Top level:
+    ``tau`` and ``speedup`` of all prompts for the first arm."""
     groups = {d: [r for r in records if r["dataset"] == d] for d in datasets}
     if len(datasets) > 1:
         groups["all"] = list(records)
@@ -307,7 +335,10 @@ def report(records: Sequence[dict], block_sizes: Sequence[int | str], datasets: 
         for d, rs in groups.items()
     }
     head = table["all" if len(datasets) > 1 else datasets[0]][str(block_sizes[0])]["all"]
-    return {"tau": head.get("tau"), "speedup": head.get("speedup"), "block_size": block_sizes[0], "table": table}
+    arms = {str(b) for b in block_sizes}
+    pairs = {f"{a}/{b}": {d: paired(rs, a, b) for d, rs in groups.items()} for a, b in PAIRED if {a, b} <= arms}
+    out = {"tau": head.get("tau"), "speedup": head.get("speedup"), "block_size": block_sizes[0], "table": table}
+    return out | ({"paired": pairs} if pairs else {})
 
 
 def markdown(rep: dict) -> str:
@@ -333,6 +364,21 @@ def markdown(rep: dict) -> str:
                 f"{a['ttft_plain_s'] * 1e3:.0f} / {a['ttft_dflash_s'] * 1e3:.0f} | {a['looping']} | {lf_cells} | "
                 f"{a['identical']}/{a['prompts']} |"
             )
+    for name, by_set in rep.get("paired", {}).items():
+        arm, against = name.split("/")
+        lines += [
+            "",
+            f"{arm} against {against}, prompt by prompt (decode speed ratio; mean +- one standard error):",
+            "",
+            f"| dataset | prompts | {arm} / {against} | geometric mean | prompts {arm} was faster |",
+            "|---|---|---|---|---|",
+        ]
+        for d, p in by_set.items():
+            if p["prompts"]:
+                se = "" if p["standard_error"] is None else f" +- {p['standard_error']:.3f}"
+                lines.append(
+                    f"| {d} | {p['prompts']} | {p['mean']:.3f}{se} | {p['geometric_mean']:.3f} | {p['faster']} |"
+                )
     return "\n".join(lines) + "\n"
 
 

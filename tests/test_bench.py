@@ -321,6 +321,27 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             assert records.read_text() == before
 
 
+def test_paired_arms_compare_prompt_by_prompt():
+    """``bench.paired``: the per-prompt ratio of decode speeds (tokens after the first over decode s),
+    its mean, one standard error, geometric mean and wins, by hand; the report and its Markdown carry
+    default against chains when both were measured, and nothing when one was not."""
+    recs = []
+    for spec_s, other_s in ((1.0, 2.0), (2.0, 1.0), (1.0, 1.0)):  # 9 tokens after the first each
+        r = _rec([4, 1, 2], 2.0, 1.0, 10)
+        r["default"] = dict(r["b4"], decode_s=spec_s)
+        r["chains"] = dict(r["b4"], decode_s=other_s)
+        recs.append(r)
+    p = bench.paired(recs, "default", "chains")
+    ratios = np.array([2.0, 0.5, 1.0])
+    assert p["prompts"] == 3 and p["mean"] == pytest.approx(ratios.mean()) and p["faster"] == 1
+    assert p["standard_error"] == pytest.approx(ratios.std(ddof=1) / np.sqrt(3))
+    assert p["geometric_mean"] == pytest.approx(1.0)
+    rep = bench.report(recs, ["default", "chains"], ["x"])
+    assert rep["paired"]["default/chains"]["x"] == p
+    assert "| x | 3 | 1.167 +- 0.441 | 1.000 | 1 |" in bench.markdown(rep)
+    assert "paired" not in bench.report(recs, ["default"], ["x"])
+
+
 def test_show_rounds_tables_tau_by_where_a_round_starts(tmp_path):
     """experiments/show_rounds.py: round starts follow the prefill token, and its position table's
     figures are the hand-computed ones (by looping and loop-free answers)."""
