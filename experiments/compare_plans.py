@@ -1,12 +1,12 @@
-"""Speculation plans side by side in the real loop: ms per round, tau and speed over plain decoding.
+"""Speculation plans side by side in the real loop: ms per round, tau, verify widths and speed over plain decoding.
 
 Each prompt is decoded by plain decoding and then by every plan in turn (interleaved, so a slow spell
 of the machine falls on all of them alike), greedy, batch 1, 256 new tokens, first turns; every output
 must equal plain decoding's (the script stops at the first that does not). A plan is written
 ``KIND:N[:COSTS]``:
 
-- ``default:N``: what ``generate`` does with ``--tree N`` (``0``: chains, today's default; ``auto``:
-  ``--tree auto``); ``COSTS`` (comma-separated) replace the measured verify costs;
+- ``default:N``: what ``generate`` does with ``--tree N`` (``0``: chains, ``--tree off``; ``auto``:
+  ``--tree auto``, the default); ``COSTS`` (comma-separated) replace the measured verify costs;
 - ``chain:W``: the shipped drafter alone at block 8, every round verifying ``W`` positions;
 - ``tree:W`` / ``treel:W``: its tree of ``W - 1`` nodes, every node verified, alone / with prompt
   lookup's branches in every row's tree;
@@ -19,7 +19,7 @@ must equal plain decoding's (the script stops at the first that does not). A pla
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 def make(kind: str, n: str, rest: list[str], ck, tok, dr):
@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("plans", nargs="+", help="KIND:N[:COSTS], see the module docstring")
     ap.add_argument("--sets", nargs="+", default=["gsm8k", "mbpp", "mt-bench"])
     ap.add_argument("--per-set", type=int, default=3)
+    ap.add_argument("--skip", type=int, default=0, help="start after this many prompts of each set")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     args = ap.parse_args()
     ck = checkpoint.load_target("smollm2-135m-instruct")
@@ -61,9 +62,9 @@ def main() -> None:
     for spec in args.plans:
         kind, n, *rest = spec.split(":")
         decoders[spec] = Decoder(ck.params, ck.cfg, make(kind, n, rest, ck, tok, dr))
-    items = [p for d in args.sets for p in prompts.load_eval_prompts(d, None, args.per_set, 1)]
+    items = [p for d in args.sets for p in prompts.load_eval_prompts(d, None, args.skip + args.per_set, 1)[args.skip :]]
     stops = tokens.stop_ids(tok)
-    stats = defaultdict(lambda: [0.0, 0, 0])  # (plan, set) -> seconds, rounds, tokens
+    stats = defaultdict(lambda: [0.0, 0, 0, Counter()])  # (plan, set) -> seconds, rounds, tokens, verify widths
     for item in items:
         ids = tokens.chat_ids(tok, [{"role": "user", "content": item.turns[0]}])
         want = None
@@ -75,14 +76,20 @@ def main() -> None:
             for key in ((name, item.dataset), (name, "all")):
                 s = stats[key]
                 s[0], s[1], s[2] = s[0] + r.decode_s, s[1] + len(r.acceptance_lengths), s[2] + sum(r.acceptance_lengths)
+                s[3].update(r.verify_widths)
     for d in args.sets + ["all"]:
         base = stats["plain", d][2] / stats["plain", d][0]
         print(f"\n{d} ({sum(i.dataset == d for i in items) if d != 'all' else len(items)} prompts)")
-        print("| plan | ms per round | tau | tokens/s | over plain |\n|---|---|---|---|---|")
+        print("| plan | ms per round | tau | mean verify width | rounds by width | tokens/s | over plain |")
+        print("|---|---|---|---|---|---|---|")
         for name in decoders:
-            t, rounds, toks = stats[name, d]
-            speed = toks / t
-            print(f"| {name} | {1e3 * t / rounds:.1f} | {toks / rounds:.2f} | {speed:.1f} | {speed / base:.2f}x |")
+            t, rounds, toks, widths = stats[name, d]
+            speed, mean_width = toks / t, sum(w * n for w, n in widths.items()) / rounds
+            by_width = ", ".join(f"{w}: {n}" for w, n in sorted(widths.items()))
+            print(
+                f"| {name} | {1e3 * t / rounds:.1f} | {toks / rounds:.2f} | {mean_width:.2f} | {by_width} | "
+                f"{speed:.1f} | {speed / base:.2f}x |"
+            )
 
 
 if __name__ == "__main__":
