@@ -319,6 +319,20 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             before = records.read_text()
             cli.main([*argv, "--tree", "7"])
             assert records.read_text() == before
+            # generate --out keys its answers file the same way: the defaults resume under --tree 7, not --tree 3
+            prompts = _write(tmp_path / "p.jsonl", [{"prompt": "t11 t12 t13"}, {"prompt": "t21 t22"}])
+            answers = tmp_path / "answers.jsonl"
+            gen = ["generate", "--target", str(ck.path), "--drafter", "auto", "--prompts-file", str(prompts)]
+            gen += ["--max-new-tokens", "6", "--out", str(answers)]
+            cli.main(gen)
+            assert isinstance(made[-1].drafter, TreeStep) and made[-1].tree_size == 7
+            written = answers.read_text()
+            assert [json.loads(x)["index"] for x in written.splitlines()] == [0, 1]
+            cli.main([*gen, "--tree", "7"])  # the same plan by name: nothing left to decode, the file unchanged
+            assert answers.read_text() == written
+            with pytest.raises(SystemExit, match=r"other settings \(plan: "):
+                cli.main([*gen, "--tree", "3"])
+            assert answers.read_text() == written
 
 
 def test_paired_arms_compare_prompt_by_prompt():
