@@ -4,7 +4,9 @@ Long prompts are built from the target's own answers in ``data/smollm2-mix`` (ne
 two kinds (``--kinds``): ``notes``, a "document" of whole answers from held-out shards, cut to about
 ``L`` tokens, then a question about it (``QUESTIONS``), in one user turn; ``chat``, a multi-turn
 conversation of about ``L`` tokens, its turns the training prompts of those shards and the target's
-own answers to them, ending with one more prompt to answer. Each prompt is decoded
+own answers to them, ending with one more prompt to answer; ``chat-paired``, the same but prompt ``i``
+asks the same last question at every length (its history alone grows; length 0: the question alone), so
+that a prompt's tau at each length compares with its own (``print_paired``). Each prompt is decoded
 greedily with the drafter alone (no prompt lookup, which copies from long prompts and would hide the
 drafter's own tokens), block ``--block-size``, every block token verified; every round's acceptance
 length and start position is kept. Prints tau by prompt length and by where a round starts (tokens
@@ -57,21 +59,25 @@ def exchanges(data: Path, shards: range, tok) -> list[tuple[str, str]]:
     return out
 
 
-def long_chat(tok, pairs: list[tuple[str, str]], length: int, rs) -> list[int]:
+def long_chat(tok, pairs: list[tuple[str, str]], length: int, rs, last: int | None = None) -> list[int]:
     """A conversation of about ``length`` tokens: (prompt, answer) turns drawn with ``rs``, then one more
-    prompt, through the chat template (``tokens.chat_ids``)."""
+    prompt, through the chat template (``tokens.chat_ids``). ``last``: that final prompt's pair (the
+    ``chat-paired`` kind: the same question after any amount of history, down to none at ``length`` 0);
+    None: the last of the draw, after at least one earlier turn."""
     from dflash_jax.tokens import chat_ids
 
     order = rs.permutation(len(pairs))
+    history = order[:-1] if last is None else order[order != last]
+    last = order[-1] if last is None else last
     messages, used = [], 0
-    for j in order[:-1]:
+    for j in history:
         user, answer = pairs[j]
         n = len(tok.encode(user + answer, add_special_tokens=False)) + 10  # and the template's tokens
-        if used + n > length and messages:
+        if used + n > length and (messages or length == 0):
             break
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         used += n
-    return chat_ids(tok, [*messages, {"role": "user", "content": pairs[order[-1]][0]}])
+    return chat_ids(tok, [*messages, {"role": "user", "content": pairs[last][0]}])
 
 
 def long_prompt(tok, docs: list[str], length: int, question: str, rs) -> list[int]:
@@ -98,7 +104,13 @@ def main() -> None:
     ap.add_argument("--drafter", default="auto", help="as generate's --drafter")
     ap.add_argument("--data", type=Path, default=ROOT / "data" / "smollm2-mix")
     ap.add_argument("--shards", type=int, nargs=2, default=[30, 42], help="held-out shards the notes come from")
-    ap.add_argument("--kinds", nargs="+", default=["notes"], choices=["notes", "chat"], help="prompt kinds")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["notes"],
+        choices=["notes", "chat", "chat-paired"],
+        help="prompt kinds (chat-paired: prompt i asks the same question at every length)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -128,9 +140,12 @@ def main() -> None:
                 for i in range(args.per_length):
                     if (kind, length, i) in done:
                         continue
-                    rs = np.random.RandomState(length * 1000 + i + (500 if kind == "chat" else 0))
+                    rs = np.random.RandomState(length * 1000 + i + {"notes": 0, "chat": 500, "chat-paired": 900}[kind])
                     if kind == "chat":
                         ids = long_chat(tok, pairs, length, rs)
+                    elif kind == "chat-paired":  # the question fixed by i alone; only the history changes
+                        last = np.random.RandomState(7000 + i).randint(len(pairs))
+                        ids = long_chat(tok, pairs, length, rs, last=last)
                     else:
                         ids = long_prompt(tok, docs, length, QUESTIONS[i % len(QUESTIONS)], rs)
                     [r] = dec.generate([ids], args.max_new_tokens, stops)
@@ -144,6 +159,24 @@ def main() -> None:
     for kind in args.kinds:
         print(f"\n{kind}:")
         print_table([r for r in done.values() if r.get("kind", "notes") == kind], args.lengths)
+        if kind == "chat-paired":
+            print_paired([r for r in done.values() if r.get("kind") == kind], args.lengths)
+
+
+def print_paired(records: list[dict], lengths) -> None:
+    """Each question's tau at every length, and the geometric mean over questions of its tau at a length
+    over its tau at the shortest (questions measured at both)."""
+    by = {(r["index"], r["length"]): r["tau"] for r in records}
+    questions = sorted({i for i, _ in by})
+    print("\n| question | " + " | ".join(f"~{n}" for n in lengths) + " |")
+    print("|---|" + "---|" * len(lengths))
+    for i in questions:
+        print(f"| {i} | " + " | ".join(f"{by[i, n]:.2f}" if (i, n) in by else "" for n in lengths) + " |")
+    cells = []
+    for n in lengths:
+        ratios = [by[i, n] / by[i, lengths[0]] for i in questions if (i, n) in by and (i, lengths[0]) in by]
+        cells.append(f"{np.exp(np.mean(np.log(ratios))):.2f} ({len(ratios)})" if ratios else "")
+    print(f"| geometric mean / ~{lengths[0]} | " + " | ".join(cells) + " |")
 
 
 def print_table(records: list[dict], lengths) -> None:
