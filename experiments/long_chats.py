@@ -34,14 +34,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    from study_long_context import exchanges
+    from study_long_context import exchange_tokens, exchanges
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.utils import atomic_write_text
 
     tok = checkpoint.load_target(hub.SMOLLM2).tokenizer()
     pairs = exchanges(args.data, range(*args.shards), tok)
-    sizes = [len(tok.encode(u + a, add_special_tokens=False)) + 10 for u, a in pairs]  # and the template's
+    sizes = [exchange_tokens(tok, u, a) for u, a in pairs]
     chats, messages, used = [], [], 0
     for j in np.random.RandomState(args.seed).permutation(len(pairs)):
         if used + sizes[j] > args.length and messages:

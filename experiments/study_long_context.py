@@ -59,6 +59,11 @@ def exchanges(data: Path, shards: range, tok) -> list[tuple[str, str]]:
     return out
 
 
+def exchange_tokens(tok, user: str, answer: str) -> int:
+    """About how many tokens a (prompt, answer) turn pair takes in a chat: their text and the template's ~10."""
+    return len(tok.encode(user + answer, add_special_tokens=False)) + 10
+
+
 def long_chat(tok, pairs: list[tuple[str, str]], length: int, rs, last: int | None = None) -> list[int]:
     """A conversation of about ``length`` tokens: (prompt, answer) turns drawn with ``rs``, then one more
     prompt, through the chat template (``tokens.chat_ids``). ``last``: that final prompt's pair (the
@@ -72,7 +77,7 @@ def long_chat(tok, pairs: list[tuple[str, str]], length: int, rs, last: int | No
     messages, used = [], 0
     for j in history:
         user, answer = pairs[j]
-        n = len(tok.encode(user + answer, add_special_tokens=False)) + 10  # and the template's tokens
+        n = exchange_tokens(tok, user, answer)
         if used + n > length and (messages or length == 0):
             break
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]

@@ -17,14 +17,14 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     # Every field is stated here (no base config; configs/smollm2_135m.py describes each one). Comments give
-    # the objective study's value ("objectives:") or the shipped recipe's ("shipped:") where a field differs.
+    # the long run's value ("long38:") where a field differs from it.
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"
     c.data = "runs/long_chats/data"  # long38: "data/smollm2-mix"
     c.data_shards = 0  # long38: 48
     c.out_dir = "runs/long_chats"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: the stage-5 drafter
+    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
@@ -51,7 +51,7 @@ def get_config() -> ConfigDict:
     c.train.num_anchors = 64
     c.train.anchor_chunk = 8
     c.train.remat = False
-    c.train.stored_features = False  # shipped: True
+    c.train.stored_features = False
     c.train.gamma = 7.0
     c.train.loss_offsets = 8
     c.train.length_buckets = ()
@@ -67,7 +67,7 @@ def get_config() -> ConfigDict:
     c.train.compute_dtype = "float32"
     c.train.objective = "ce"
     c.train.tv_weight = 0.5
-    c.train.position_weights = "reach"  # objectives: the arm's
+    c.train.position_weights = "reach"
 
     c.eval = ConfigDict()
     c.eval.every = 128  # long38: 256
@@ -78,6 +78,6 @@ def get_config() -> ConfigDict:
     c.eval.best_by = "loss"
 
     c.ckpt = ConfigDict()
-    c.ckpt.every = 32  # objectives: 40
+    c.ckpt.every = 32
     c.ckpt.keep = 3
     return c
