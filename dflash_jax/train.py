@@ -204,6 +204,14 @@ class Trainer:
         if upgrade:  # the convolutions start as the identity and the selector at random (SPEC "DFlash 2")
             dflash2_fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
             inputs |= {k: getattr(d, k) for k in dflash2_fields}
+        grow = self.c.init_grow and cfg.num_layers < d.num_layers
+        if grow:  # the added layers are this config's; its own are checked as usual
+            inputs |= dict(num_layers=d.num_layers, layer_types=cfg.layer_types + d.layer_types[cfg.num_layers :])
+        elif self.c.init_grow and cfg.num_layers > d.num_layers:
+            raise ConfigError(
+                f"init_from {folder}: init_grow adds layers, but its drafter has {cfg.num_layers} and this "
+                f"config's drafter.num_layers is {d.num_layers}; set drafter.num_layers >= {cfg.num_layers}"
+            )
         ours = dflash_format.config_json(self.dcfg)
         theirs = dflash_format.config_json(dataclasses.replace(cfg, **inputs))
         diff = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
@@ -214,6 +222,10 @@ class Trainer:
             )
         if upgrade:
             loaded = _with_missing(loaded, params)
+        if grow:
+            loaded = dict(loaded)
+            for i in range(cfg.num_layers, d.num_layers):
+                loaded[f"layers_{i}"] = _identity_layer(params[f"layers_{i}"])
         if d.copy_bias is not None and "copy_bias" not in loaded:
             loaded = dict(loaded, copy_bias=params["copy_bias"])
         if d.copy_bias is None and "copy_bias" in loaded:
@@ -471,6 +483,17 @@ class Trainer:
         if self.step == t.steps:
             self.log(f"wrote final drafter {self.export('drafter')}")
         return last
+
+
+def _identity_layer(layer: dict) -> dict:
+    """A drafter layer's freshly initialised parameters with its residual branches' output projections
+    (attention ``o_proj``, MLP ``down_proj``, and their biases) zero: the layer maps its input to itself,
+    whatever the rest holds (``TrainConfig.init_grow``). Its other weights stay random, so the zero
+    projections get gradients at once and the layer grows out of the identity."""
+    out = jax.tree.map(np.asarray, layer)
+    for branch, names in (("self_attn", ("o_proj", "o_bias")), ("mlp", ("down_proj", "down_bias"))):
+        out[branch] = {k: np.zeros_like(v) if k in names else v for k, v in out[branch].items()}
+    return out
 
 
 def _with_missing(tree: dict, fill: dict) -> dict:

@@ -354,6 +354,10 @@ class TrainConfig:
       data_shards: N: train on the first N shards only (a dataset still being extended); 0: all.
       init_from: a drafter folder whose weights start a fresh run (its config must match
         ``drafter``); '': random initialisation.
+      init_grow: ``init_from``'s drafter may have fewer layers than ``drafter.num_layers``: its layers
+        come first and each added layer starts as the identity (its attention and MLP output projections
+        zero), so the run starts from exactly ``init_from``'s predictions (function-preserving growth, as
+        Net2Net, Chen et al. 2016, "Net2DeeperNet").
       mesh: device counts ``(data, fsdp, tensor[, expert])``; their product is the devices used.
       drafter, train, eval, ckpt: the sections (``DrafterSpec``, ``TrainSettings``, ``EvalSettings``,
         ``CkptSettings``).
@@ -370,6 +374,7 @@ class TrainConfig:
     seed: int = 0
     data_shards: int = 0
     init_from: str = ""
+    init_grow: bool = False
     mesh: tuple[int, ...] = (1, 1, 1)
     drafter: DrafterSpec
     train: TrainSettings
@@ -389,6 +394,8 @@ class TrainConfig:
         )
         _need(_is_int(self.data_shards) and self.data_shards >= 0, "data_shards must be an integer >= 0")
         _need(isinstance(self.init_from, str), "init_from must be a drafter folder path or ''")
+        _need(isinstance(self.init_grow, bool), "init_grow must be True or False")
+        _need(not self.init_grow or self.init_from, "init_grow=True needs init_from (the drafter to grow)")
         for key, cls in SECTIONS.items():
             _need(isinstance(getattr(self, key), cls), f"{key} must be a {cls.__name__}")
         d, t = self.drafter, self.train
@@ -630,6 +637,8 @@ def run_identity(
         identity["bucket_window"] = bucket_window
     if c.init_from:
         identity["init_from"] = str(Path(c.init_from).resolve())
+    if c.init_grow:  # absent when False: older runs keep their ids
+        identity["init_grow"] = True
     return identity
 
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import grain
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TINY_REL, assert_close, stale_scratch
+from helpers import TINY_REL, assert_close, stale_scratch, target_forward
 
 from dflash_jax import checkpoint, data, dflash_format, loss, masks, pipeline, prepare
 from dflash_jax.decode import Decoder
@@ -26,6 +27,21 @@ from dflash_jax.train import Trainer
 from dflash_jax.train_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _compiled(fn):
+    """``fn`` as one compiled program per shape and setting (its keyword-only settings static): the tests
+    here call the training forward many times, and run op by op every op compiles for its own shapes."""
+    import inspect
+
+    kinds = inspect.signature(fn).parameters
+    return jax.jit(fn, static_argnames=[k for k, v in kinds.items() if v.kind is v.KEYWORD_ONLY and k != "feats"])
+
+
+block_loss, block_logits = _compiled(loss.block_loss), _compiled(loss.block_logits)
+context_kv = jax.jit(loss.context_kv, static_argnames="cfg")
+
+
 CONFIG = str(ROOT / "configs" / "smollm2_135m.py")
 STAGES = ROOT / "experiments" / "smollm2"  # the SmolLM2 drafter's training stages and studies
 
@@ -136,19 +152,27 @@ def test_anchors_are_sorted_unique_and_supervised():
 
 def _consistency(ck, dparams, dcfg, tokens, anchor_list):
     tcfg = ck.cfg
-    t = len(tokens)
     toks = jnp.asarray([tokens])
-    _, feats, _ = Target(tcfg).apply({"params": ck.params}, toks, jnp.arange(t)[None], None, dcfg.target_layer_ids)
+    feats = target_forward(ck, toks, taps=dcfg.target_layer_ids)[2]
     anchors = loss.Anchors(jnp.asarray([anchor_list + [0]]), jnp.asarray([[True] * len(anchor_list) + [False]]))
-    ctx = loss.context_kv(dparams, feats, dcfg)
-    train_logits = loss.block_logits(dparams, ck.params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg)
-    step = DraftStep(dcfg, tcfg)
-    buffer = jnp.pad(toks, ((0, 0), (0, dcfg.block_size)))  # the loop's token buffer (read up to the anchor)
+
+    @jax.jit  # each piece one compiled program, not every op compiled alone
+    def train_logits_of(dparams):
+        ctx = context_kv(dparams, feats, dcfg)
+        return block_logits(dparams, ck.params, ctx, toks, anchors, tcfg=tcfg, cfg=dcfg)
+
+    step, bs = DraftStep(dcfg, tcfg), dcfg.block_size
+    buffer = jnp.pad(toks, ((0, 0), (0, bs)))  # the loop's token buffer (read up to the anchor)
+
+    @jax.jit
+    def step_logits(dparams, ctx_feats, p):
+        cache = step.write_context(dparams, step.init_cache(1, 128), ctx_feats, jnp.zeros((1,), jnp.int32))
+        return step.logits(dparams, ck.params, cache, toks[:, p], p[None], jnp.array([bs]), bs, tokens=buffer)
+
+    train_logits = train_logits_of(dparams)
     worst = 0.0
     for a, p in enumerate(anchor_list):
-        cache = step.write_context(dparams, step.init_cache(1, 128), feats[:, :p], jnp.zeros((1,), jnp.int32))
-        bs = dcfg.block_size
-        ref = step.logits(dparams, ck.params, cache, toks[:, p], jnp.array([p]), jnp.array([bs]), bs, tokens=buffer)
+        ref = step_logits(dparams, feats[:, :p], jnp.asarray(p))
         # offsets 1..B-1, relative to the logits' scale (SPEC: scale-relative in float32)
         worst = max(worst, float(jnp.max(jnp.abs(ref[0] - train_logits[0, a])) / jnp.max(jnp.abs(ref[0]))))
     return worst
@@ -689,7 +713,7 @@ def test_loss_is_normalised_over_the_whole_global_batch(tiny):
 
     def global_loss(p):
         sums = [
-            loss.block_loss(
+            block_loss(
                 p,
                 ck.params,
                 batch["tokens"][i],
@@ -915,6 +939,54 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
         tiny_config(ck, folder, tmp_path / "e", "drafter.copy_bias=3.0")
 
 
+def test_init_grow_adds_identity_layers_that_keep_the_drafters_predictions(trained, tiny, tmp_path):
+    """init_grow: a 2-layer drafter grows to 3 (and, as a DFlash 2 run, to 4): its layers come first,
+    each added layer has zero output projections and random other weights, and the grown drafter's
+    block logits equal the loaded one's (scale-relative, SPEC). Without init_grow the layer count is
+    a config difference; growing down is refused; the run id records the growth."""
+    import jax
+
+    from dflash_jax.drafter_io import load_drafter
+
+    ck, folder = tiny
+    start = trained[2] / "drafter"
+    want, wcfg, _ = load_drafter(start)
+    tokens, _ = data.TokenDataset(folder)[1]
+    toks = jnp.asarray([tokens.tolist()[:48]])
+    _, feats, _ = Target(ck.cfg).apply({"params": ck.params}, toks, jnp.arange(48)[None], None, wcfg.target_layer_ids)
+    anchors = loss.Anchors(jnp.asarray([[4, 17, 30]]), jnp.ones((1, 3), bool))
+
+    def logits(params, dcfg):
+        ctx = context_kv(params, feats, dcfg)
+        return block_logits(params, ck.params, ctx, toks, anchors, tcfg=ck.cfg, cfg=dcfg)
+
+    ref = logits(want, wcfg)
+    n = wcfg.num_layers
+    dflash2 = ("drafter.conv_kernel_size=2", "drafter.selector_rank=8", "drafter.selector_top_k=4")
+    for extra, layers in (((), n + 1), (dflash2, n + 2)):
+        args = (f"init_from={start}", "init_grow=True", f"drafter.num_layers={layers}", *extra)
+        t = Trainer(tiny_config(ck, folder, tmp_path / f"g{layers}", *args), log=lambda m: None)
+        assert t.dcfg.num_layers == layers and t.identity["init_grow"] is True
+        for i in range(n):  # the loaded layers, unchanged (a DFlash 2 run adds its convolutions beside them)
+            for key, loaded in want[f"layers_{i}"].items():
+                for a, b in zip(jax.tree.leaves(t.params[f"layers_{i}"][key]), jax.tree.leaves(loaded)):
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        for i in range(n, layers):
+            new = t.params[f"layers_{i}"]
+            for branch, out in (("self_attn", "o_proj"), ("mlp", "down_proj")):
+                assert not np.any(np.asarray(new[branch][out]))
+            assert np.std(np.asarray(new["self_attn"]["q_proj"])) > 0  # the rest at random: gradients flow
+        got = logits(t.params, t.dcfg)
+        assert float(jnp.max(jnp.abs(got - ref)) / jnp.max(jnp.abs(ref))) < TINY_REL
+    with pytest.raises(ConfigError, match="differs from this config's in .*num_hidden_layers"):
+        Trainer(tiny_config(ck, folder, tmp_path / "x", f"init_from={start}", f"drafter.num_layers={n + 1}"))
+    with pytest.raises(ConfigError, match=f"init_grow adds layers, but its drafter has {n}"):
+        args = (f"init_from={start}", "init_grow=True", f"drafter.num_layers={n - 1}")
+        Trainer(tiny_config(ck, folder, tmp_path / "y", *args), log=lambda m: None)
+    with pytest.raises(ConfigError, match="init_grow=True needs init_from"):
+        tiny_config(ck, folder, tmp_path / "z", "init_grow=True")
+
+
 def small_block_problem(ck, seed: int):
     """A 1-layer block-8 drafter, 2 random sequences of 40 tokens (answers from position 6) and 8
     anchors each: inputs for direct ``loss.block_loss`` checks."""
@@ -936,13 +1008,13 @@ def test_loss_offsets_supervise_only_the_first_offsets(tiny):
     ck, _ = tiny
     dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=3)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
-    full = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
-    part = loss.block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
+    full = block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    part = block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
     _, feats, _ = Target(ck.cfg).apply(
         {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
     )
-    logits = loss.block_logits(
-        dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
+    logits = block_logits(
+        dparams, ck.params, context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
     )  # offsets 1..7
     labels, use = loss.block_labels(tokens, mask, anchors, 8)
     ce = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, labels[..., 1:, None], -1)[..., 0]
@@ -963,7 +1035,7 @@ def test_remat_off_gives_the_same_loss_and_gradients(tiny):
 
     def run(remat):
         def f(p):
-            s = loss.block_loss(
+            s = block_loss(
                 p,
                 ck.params,
                 tokens,
@@ -983,7 +1055,7 @@ def test_remat_off_gives_the_same_loss_and_gradients(tiny):
     def traced(remat):  # the option must reach the lowered program: one checkpoint region or none
         return str(
             jax.make_jaxpr(
-                lambda p: loss.block_loss(
+                lambda p: block_loss(
                     p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4, remat=remat
                 )
             )(dparams)
@@ -1136,12 +1208,12 @@ def test_dflash2_selector_loss_equals_its_definition(tiny):
     top-k coverage counted over the same labels. The block loss is the DFlash one, unchanged."""
     ck, _ = tiny
     dcfg, p, tokens, mask, anchors = dflash2_problem(ck, seed=7)
-    s = loss.block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
+    s = block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     _, feats, _ = Target(ck.cfg).apply(
         {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
     )
-    ctx = loss.context_kv(p, feats, dcfg)
-    logits, hidden = loss.block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
+    ctx = context_kv(p, feats, dcfg)
+    logits, hidden = block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
     logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
     labels, use = map(np.asarray, loss.block_labels(tokens, mask, anchors, 8))
     w = np.asarray(loss.offset_weights(8, 4.0))
@@ -1160,7 +1232,7 @@ def test_dflash2_selector_loss_equals_its_definition(tiny):
     assert 0 < missing < use.sum() and picked > 0  # both kinds of label, and some right picks
     np.testing.assert_allclose(float(s.selector_loss), total, rtol=1e-5)
     assert float(s.covered) == covered and float(s.selector_correct) == picked
-    d1 = loss.block_loss(
+    d1 = block_loss(
         p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dataclasses.replace(dcfg, conv_kernel_size=0),
         gamma=4.0, anchor_chunk=4,
     )  # fmt: skip
@@ -1177,14 +1249,14 @@ def test_dflash2_selector_kl_learns_the_targets_distribution_over_its_candidates
     ck, _ = tiny
     dcfg, p, tokens, mask, anchors = dflash2_problem(ck, seed=7)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
-    s = loss.block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **kw)
-    ce = loss.block_loss(p, ck.params, tokens, mask, anchors, **kw)
+    s = block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **kw)
+    ce = block_loss(p, ck.params, tokens, mask, anchors, **kw)
     model = Target(ck.cfg)
     positions = jnp.arange(40)[None].repeat(2, 0)
     th, feats, _ = model.apply({"params": ck.params}, tokens, positions, None, dcfg.target_layer_ids)
     target_logits = np.asarray(model.apply({"params": ck.params}, th, method="logits"), np.float64)  # [b, T, V]
-    ctx = loss.context_kv(p, feats, dcfg)
-    logits, hidden = loss.block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
+    ctx = context_kv(p, feats, dcfg)
+    logits, hidden = block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
     logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
     labels, use = map(np.asarray, loss.block_labels(tokens, mask, anchors, 8))
     w = np.asarray(loss.offset_weights(8, 4.0))
@@ -1225,13 +1297,13 @@ def test_dflash2_selector_kl_learns_the_targets_distribution_over_its_candidates
     assert bool(jnp.all(jnp.isfinite(sl))) and float(sl.max()) > 0
 
     def selector_kl(q):
-        return loss.block_loss(q, ck.params, tokens, mask, anchors, selector_objective="kl", **kw).selector_loss
+        return block_loss(q, ck.params, tokens, mask, anchors, selector_objective="kl", **kw).selector_loss
 
     grads = jax.grad(selector_kl)(p)
     for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
         assert float(jnp.abs(grads[name]).max()) > 0
     d1cfg = dataclasses.replace(dcfg, conv_kernel_size=0)
-    d1 = loss.block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **dict(kw, cfg=d1cfg))
+    d1 = block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **dict(kw, cfg=d1cfg))
     assert float(d1.selector_loss) == 0.0
 
 
@@ -1259,9 +1331,10 @@ def test_dflash2_objective_and_its_stop_gradient(tiny):
     anchors = loss.sample_anchors(jax.random.split(rng, 1)[0], mask, 8)  # the step's own draw
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
 
+    @partial(jax.jit, static_argnames="stop_grad")  # one program per stop_grad, not every op run alone
     def grads(stop_grad, alpha_block, alpha_selector):
         def f(q):
-            s = loss.block_loss(q, ck.params, tokens, mask, anchors, selector_stop_grad=stop_grad, **kw)
+            s = block_loss(q, ck.params, tokens, mask, anchors, selector_stop_grad=stop_grad, **kw)
             return (alpha_block * s.loss + alpha_selector * s.selector_loss) / s.weight
 
         return jax.grad(f)(p)
@@ -1354,17 +1427,15 @@ def test_distribution_objectives_read_the_targets_next_token_distribution(tiny, 
     ck, _ = tiny
     dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=4)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
-    s = loss.block_loss(dparams, ck.params, tokens, mask, anchors, objective=objective, tv_weight=0.3, **kw)
-    ce = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    s = block_loss(dparams, ck.params, tokens, mask, anchors, objective=objective, tv_weight=0.3, **kw)
+    ce = block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
     model = Target(ck.cfg)
     hidden, feats, _ = model.apply(
         {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
     )
     target_logits = np.asarray(model.apply({"params": ck.params}, hidden, method="logits"), np.float64)  # [b, T, V]
     q_logits = np.asarray(
-        loss.block_logits(
-            dparams, ck.params, loss.context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
-        ),
+        block_logits(dparams, ck.params, context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg),
         np.float64,
     )  # [b, A, 7, V], offsets 1..7
     _, use = loss.block_labels(tokens, mask, anchors, 8)
@@ -1382,9 +1453,7 @@ def test_distribution_objectives_read_the_targets_next_token_distribution(tiny, 
         want += w[j + 1] * (kl if objective == "kl" else 0.7 * kl + 0.3 * tv)
     np.testing.assert_allclose(float(s.loss), want, rtol=2e-4)
     np.testing.assert_array_equal(s.correct, ce.correct)  # accuracies are about the answer's tokens
-    grads = jax.grad(lambda p: loss.block_loss(p, ck.params, tokens, mask, anchors, objective=objective, **kw).loss)(
-        dparams
-    )
+    grads = jax.grad(lambda p: block_loss(p, ck.params, tokens, mask, anchors, objective=objective, **kw).loss)(dparams)
     norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads)]
     assert all(np.isfinite(norms)) and max(norms) > 0
 
@@ -1429,12 +1498,12 @@ def test_reach_position_weights_count_an_offset_by_the_chance_of_reaching_it(tin
     ck, _ = tiny
     dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=6)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
-    s = loss.block_loss(dparams, ck.params, tokens, mask, anchors, position_weights="reach", **kw)
+    s = block_loss(dparams, ck.params, tokens, mask, anchors, position_weights="reach", **kw)
     _, feats, _ = Target(ck.cfg).apply(
         {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
     )
-    ctx = loss.context_kv(dparams, feats, dcfg)
-    logits = np.asarray(loss.block_logits(dparams, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg), np.float64)
+    ctx = context_kv(dparams, feats, dcfg)
+    logits = np.asarray(block_logits(dparams, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg), np.float64)
     labels, use = (np.asarray(x) for x in loss.block_labels(tokens, mask, anchors, 8))
     w = np.asarray(loss.offset_weights(8, 4.0))
     logq = (
@@ -1452,5 +1521,5 @@ def test_reach_position_weights_count_an_offset_by_the_chance_of_reaching_it(tin
                 want_weight += w[j + 1] * reach
             reach *= np.exp(lq)
     np.testing.assert_allclose([float(s.loss), float(s.weight)], [want_loss, want_weight], rtol=2e-4)
-    decay = loss.block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
+    decay = block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
     assert float(s.weight) < float(decay.weight)
