@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
+import jax
 import numpy as np
 
 TINY = dict(
@@ -17,6 +19,29 @@ TINY = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-6,
 )
+
+
+@partial(jax.jit, static_argnames=("cfg", "taps"))
+def _target_apply(params, tokens, positions, cache, lengths, tree, *, cfg, taps):
+    from dflash_jax.target import Target
+
+    model = Target(cfg)
+    hidden, feats, cache = model.apply({"params": params}, tokens, positions, cache, taps, lengths, tree)
+    return model.apply({"params": params}, hidden, method="logits"), hidden, feats, cache
+
+
+def target_forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None, tree=None):
+    """``Target(ck.cfg)``'s forward compiled as one program per shape (the tests' way to call the model:
+    run op by op, every op compiles for its own shapes, several times slower here).
+
+    Returns (logits [B, T, V] float32 numpy, hidden [B, T, d], features [B, T, len(taps) * d], cache).
+    """
+    if positions is None:
+        positions = np.broadcast_to(np.arange(np.shape(tokens)[1]), np.shape(tokens))
+    logits, hidden, feats, cache = _target_apply(
+        ck.params, tokens, positions, cache, lengths, tree, cfg=ck.cfg, taps=tuple(taps)
+    )
+    return np.asarray(logits), hidden, feats, cache
 
 
 def tiny_tokenizer(vocab_size: int):

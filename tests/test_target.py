@@ -2,19 +2,16 @@
 
 import numpy as np
 import pytest
-from helpers import HYBRID_REL, LLAMA3_ROPE, TINY, TINY_REL, assert_close, hf_logits
+from helpers import HYBRID_REL, LLAMA3_ROPE, TINY, TINY_REL, assert_close, hf_logits, target_forward
 
 from dflash_jax import checkpoint, hf_format
 from dflash_jax.errors import ConfigError
-from dflash_jax.target import Target, commit_cache, init_cache
+from dflash_jax.target import commit_cache, init_cache
 
 
 def _forward(ck, tokens, positions=None, cache=None, taps=(), lengths=None):
-    model = Target(ck.cfg)
-    if positions is None:
-        positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-    hidden, feats, cache = model.apply({"params": ck.params}, tokens, positions, cache, taps, lengths)
-    return np.asarray(model.apply({"params": ck.params}, hidden, method="logits")), feats, cache
+    logits, _, feats, cache = target_forward(ck, tokens, positions, cache, taps, lengths)
+    return logits, feats, cache
 
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe", "gemma3", "deepseek_v3"]
