@@ -16,6 +16,7 @@ def get_config() -> ConfigDict:
     c.out_dir = "runs/smollm2_135m"
     c.seed = 0
     c.init_from = ""  # a drafter folder whose weights start a fresh run (its config must match drafter.*)
+    c.init_grow = False  # True: init_from may have fewer layers; each added layer starts as the identity
     c.mesh = (1, 1, 1)  # (data, fsdp, tensor[, expert]) device counts; their product = devices used
 
     c.drafter = ConfigDict()

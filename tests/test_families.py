@@ -173,7 +173,7 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
 
     from helpers import make_hf_model
 
-    from dflash_jax import data, prepare
+    from dflash_jax import data
     from dflash_jax.cli import main
 
     hf_dir = tmp_path / "hf"
@@ -189,9 +189,10 @@ def test_convert_generate_and_train_through_the_cli(tmp_path, capsys, family):
         records.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert records[0]["token_ids"] == records[1]["token_ids"] and len(records[0]["token_ids"]) == 8
 
+    # training reads tokens and loss masks, whoever wrote them (prepare-data's own path: test_data, test_serve)
     rs = np.random.RandomState(0)
-    prompts = [rs.randint(4, 96, 6).tolist() for _ in range(24)]
-    seqs, lm = prepare.regenerate(Decoder(ck.params, ck.cfg), prompts, max_new_tokens=16, batch_size=24, progress=False)
+    seqs = [rs.randint(4, 96, 22).tolist() for _ in range(24)]
+    lm = [[False] * 6 + [True] * 16 for _ in seqs]
     folder = data.write_dataset(tmp_path / "data", seqs, lm, meta={"tokenizer_sha256": ck.identity["tokenizer_sha256"]})
     config = str(Path(__file__).resolve().parents[1] / "configs" / "smollm2_135m.py")
     overrides = [f"target={tmp_path / 'ck'}", f"data={folder}", f"out_dir={tmp_path / 'run'}", "drafter.num_layers=1"]
