@@ -487,11 +487,11 @@ class Trainer:
 
 def _identity_layer(layer: dict) -> dict:
     """A drafter layer's freshly initialised parameters with its residual branches' output projections
-    (attention ``o_proj``, MLP ``down_proj``, and their biases) zero: the layer maps its input to itself,
+    (attention ``o_proj`` and its bias, MLP ``down_proj``) zero: the layer maps its input to itself,
     whatever the rest holds (``TrainConfig.init_grow``). Its other weights stay random, so the zero
     projections get gradients at once and the layer grows out of the identity."""
     out = jax.tree.map(np.asarray, layer)
-    for branch, names in (("self_attn", ("o_proj", "o_bias")), ("mlp", ("down_proj", "down_bias"))):
+    for branch, names in (("self_attn", ("o_proj", "o_bias")), ("mlp", ("down_proj",))):
         out[branch] = {k: np.zeros_like(v) if k in names else v for k, v in out[branch].items()}
     return out
 

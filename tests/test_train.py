@@ -22,7 +22,6 @@ from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
 from dflash_jax.errors import ConfigError, DataError
 from dflash_jax.speculation import make_plan
-from dflash_jax.target import Target
 from dflash_jax.train import Trainer
 from dflash_jax.train_config import load_config
 
@@ -30,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _compiled(fn):
-    """``fn`` as one compiled program per shape and setting (its keyword-only settings static): the tests
-    here call the training forward many times, and run op by op every op compiles for its own shapes."""
+    """``fn`` as one compiled program per shape and setting (its keyword-only settings static, except
+    ``feats``, an array): the tests here call the training forward many times, and run op by op every op
+    compiles for its own shapes."""
     import inspect
 
     kinds = inspect.signature(fn).parameters
@@ -953,7 +953,7 @@ def test_init_grow_adds_identity_layers_that_keep_the_drafters_predictions(train
     want, wcfg, _ = load_drafter(start)
     tokens, _ = data.TokenDataset(folder)[1]
     toks = jnp.asarray([tokens.tolist()[:48]])
-    _, feats, _ = Target(ck.cfg).apply({"params": ck.params}, toks, jnp.arange(48)[None], None, wcfg.target_layer_ids)
+    feats = target_forward(ck, toks, taps=wcfg.target_layer_ids)[2]
     anchors = loss.Anchors(jnp.asarray([[4, 17, 30]]), jnp.ones((1, 3), bool))
 
     def logits(params, dcfg):
@@ -1010,9 +1010,7 @@ def test_loss_offsets_supervise_only_the_first_offsets(tiny):
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     full = block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
     part = block_loss(dparams, ck.params, tokens, mask, anchors, loss_offsets=3, **kw)
-    _, feats, _ = Target(ck.cfg).apply(
-        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
-    )
+    feats = target_forward(ck, tokens, taps=dcfg.target_layer_ids)[2]
     logits = block_logits(
         dparams, ck.params, context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg
     )  # offsets 1..7
@@ -1097,9 +1095,7 @@ def test_stored_features_train_like_the_target_forward(tiny, tmp_path):
     store = data.FeatureStore(feats_dir, ds, 2 * ck.cfg.hidden_size)
     for i in (0, 77, len(ds) - 1):
         tok, _ = ds[i]
-        _, want, _ = Target(ck.cfg).apply(
-            {"params": ck.params}, jnp.asarray(tok)[None], jnp.arange(len(tok))[None], None, (1, 2)
-        )
+        want = target_forward(ck, np.asarray(tok)[None], taps=(1, 2))[2]
         assert_close(store[i], want[0], TINY_REL)
 
     base = Trainer(tiny_config(ck, folder, tmp_path / "a", *extra), log=lambda *a: None)
@@ -1209,9 +1205,7 @@ def test_dflash2_selector_loss_equals_its_definition(tiny):
     ck, _ = tiny
     dcfg, p, tokens, mask, anchors = dflash2_problem(ck, seed=7)
     s = block_loss(p, ck.params, tokens, mask, anchors, tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
-    _, feats, _ = Target(ck.cfg).apply(
-        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
-    )
+    feats = target_forward(ck, tokens, taps=dcfg.target_layer_ids)[2]
     ctx = context_kv(p, feats, dcfg)
     logits, hidden = block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
     logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
@@ -1251,10 +1245,8 @@ def test_dflash2_selector_kl_learns_the_targets_distribution_over_its_candidates
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     s = block_loss(p, ck.params, tokens, mask, anchors, selector_objective="kl", **kw)
     ce = block_loss(p, ck.params, tokens, mask, anchors, **kw)
-    model = Target(ck.cfg)
-    positions = jnp.arange(40)[None].repeat(2, 0)
-    th, feats, _ = model.apply({"params": ck.params}, tokens, positions, None, dcfg.target_layer_ids)
-    target_logits = np.asarray(model.apply({"params": ck.params}, th, method="logits"), np.float64)  # [b, T, V]
+    target_logits, _, feats, _ = target_forward(ck, tokens, taps=dcfg.target_layer_ids)
+    target_logits = np.asarray(target_logits, np.float64)  # [b, T, V]
     ctx = context_kv(p, feats, dcfg)
     logits, hidden = block_logits(p, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg, with_hidden=True)
     logits, hidden = np.asarray(logits, np.float64), np.asarray(hidden, np.float64)
@@ -1429,11 +1421,8 @@ def test_distribution_objectives_read_the_targets_next_token_distribution(tiny, 
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     s = block_loss(dparams, ck.params, tokens, mask, anchors, objective=objective, tv_weight=0.3, **kw)
     ce = block_loss(dparams, ck.params, tokens, mask, anchors, **kw)
-    model = Target(ck.cfg)
-    hidden, feats, _ = model.apply(
-        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
-    )
-    target_logits = np.asarray(model.apply({"params": ck.params}, hidden, method="logits"), np.float64)  # [b, T, V]
+    target_logits, _, feats, _ = target_forward(ck, tokens, taps=dcfg.target_layer_ids)
+    target_logits = np.asarray(target_logits, np.float64)  # [b, T, V]
     q_logits = np.asarray(
         block_logits(dparams, ck.params, context_kv(dparams, feats, dcfg), tokens, anchors, tcfg=ck.cfg, cfg=dcfg),
         np.float64,
@@ -1499,9 +1488,7 @@ def test_reach_position_weights_count_an_offset_by_the_chance_of_reaching_it(tin
     dcfg, dparams, tokens, mask, anchors = small_block_problem(ck, seed=6)
     kw = dict(tcfg=ck.cfg, cfg=dcfg, gamma=4.0, anchor_chunk=4)
     s = block_loss(dparams, ck.params, tokens, mask, anchors, position_weights="reach", **kw)
-    _, feats, _ = Target(ck.cfg).apply(
-        {"params": ck.params}, tokens, jnp.arange(40)[None].repeat(2, 0), None, dcfg.target_layer_ids
-    )
+    feats = target_forward(ck, tokens, taps=dcfg.target_layer_ids)[2]
     ctx = context_kv(dparams, feats, dcfg)
     logits = np.asarray(block_logits(dparams, ck.params, ctx, tokens, anchors, tcfg=ck.cfg, cfg=dcfg), np.float64)
     labels, use = (np.asarray(x) for x in loss.block_labels(tokens, mask, anchors, 8))
