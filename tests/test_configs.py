@@ -34,8 +34,9 @@ def test_a_study_or_shipped_config_states_every_field_itself(path):
 def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
     """configs/smollm2_135m_shipped.py equals the shipped drafter's recorded train_config.json but for
     its out_dir, its init_from (the same stage-5 files, in the folder they are kept in now),
-    eval.best_by (a field added after the run; the shipped drafter is the run's final one) and the
-    train fields added after it (``NEWER_TRAIN_FIELDS``), at their defaults."""
+    eval.best_by (a field added after the run; the shipped drafter is the run's final one), init_grow
+    (added after the run; False, the layer counts match) and the train fields added after it
+    (``NEWER_TRAIN_FIELDS``), at their defaults."""
     c = json.loads(json.dumps(load_config(ROOT / "configs" / "smollm2_135m_shipped.py").to_dict(), default=list))
     shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
     ran = json.loads((shipped / "train_config.json").read_text())
@@ -45,6 +46,7 @@ def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
         "assets/smollm2-135m-instruct-dflash",
     )
     assert c["eval"].pop("best_by") == "loss" and "best_by" not in ran["eval"]
+    assert c.pop("init_grow") is False and "init_grow" not in ran
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
 
     for key, default in NEWER_TRAIN_FIELDS.items():  # fields added after the run, at their defaults
