@@ -25,6 +25,7 @@ accumulation steps), as SPEC 6 asks.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -54,6 +55,33 @@ OBJECTIVES = ("ce", "kl", "kl_tv")
 POSITION_WEIGHTS = ("decay", "reach")
 # DFlash 2's selector objectives (``block_loss``'s ``selector_objective``)
 SELECTOR_OBJECTIVES = ("ce", "kl")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """The training objective's static settings, as ``block_loss`` takes them (the ``train`` fields of
+    the same names, ``train_config.TrainSettings``; each is described in ``block_loss``). Frozen and
+    hashable: a jitted step closes over one, and ``train_step`` / ``sharded_step`` / ``eval_stats``
+    pass it on whole (``block_loss(..., **settings.kwargs())``)."""
+
+    gamma: float = 7.0
+    anchor_chunk: int = 16
+    loss_offsets: int = 0
+    remat: bool = True
+    objective: str = "ce"
+    tv_weight: float = 0.5
+    position_weights: str = "decay"
+    selector_objective: str = "ce"
+    selector_stop_grad: bool = False
+
+    @classmethod
+    def from_train(cls, t) -> LossSettings:
+        """The settings of a run's ``train`` section (``train_config.TrainSettings`` or a ConfigDict)."""
+        return cls(**{f.name: getattr(t, f.name) for f in dataclasses.fields(cls)})
+
+    def kwargs(self) -> dict:
+        """``block_loss``'s keyword arguments."""
+        return dataclasses.asdict(self)
 
 
 class Anchors(NamedTuple):

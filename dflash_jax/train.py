@@ -39,6 +39,7 @@ from dflash_jax.distributed import is_main
 from dflash_jax.drafter import DraftStep, init_drafter_params
 from dflash_jax.drafter_io import load_drafter, save_drafter
 from dflash_jax.errors import CheckpointError, ConfigError, DataError
+from dflash_jax.loss import LossSettings
 from dflash_jax.sharding import make_mesh
 from dflash_jax.speculation import make_plan
 from dflash_jax.tokens import stop_ids
@@ -109,19 +110,7 @@ class Trainer:
         self.run_id = fingerprint(self.identity)
 
         self.opt, self.schedule = make_optimizer(t), make_schedule(t)
-        kw = dict(
-            tcfg=self.tcfg,
-            dcfg=self.dcfg,
-            num_anchors=t.num_anchors,
-            gamma=t.gamma,
-            anchor_chunk=t.anchor_chunk,
-            loss_offsets=t.loss_offsets,
-            remat=t.remat,
-            objective=t.objective,
-            tv_weight=t.tv_weight,
-            position_weights=t.position_weights,
-            selector_objective=t.selector_objective,
-        )
+        kw = dict(tcfg=self.tcfg, dcfg=self.dcfg, num_anchors=t.num_anchors, loss=LossSettings.from_train(t))
         params = init_drafter_params(self.dcfg, seed=c.seed)
         if c.init_from:
             params = self._initial_weights(c.init_from, params)
@@ -133,7 +122,6 @@ class Trainer:
             **kw,
             stored_features=self.features is not None,
             selector_alpha=t.selector_alpha,
-            selector_stop_grad=t.selector_stop_grad,
         )
         self._eval = jax.jit(partial(eval_stats, **kw))
         self.rng = jax.random.PRNGKey(c.seed)

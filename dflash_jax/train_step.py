@@ -58,23 +58,16 @@ def train_step(
     tcfg,
     dcfg,
     opt,
-    num_anchors,
-    gamma,
-    anchor_chunk,
-    loss_offsets=0,
-    remat=True,
-    selector_alpha=1.0,
-    selector_stop_grad=False,
-    objective="ce",
-    tv_weight=0.5,
-    position_weights="decay",
-    selector_objective="ce",
+    num_anchors: int,
+    loss: loss_lib.LossSettings,
+    selector_alpha: float = 1.0,
 ):
     """One optimiser update over ``accum`` micro-batches.
 
-    The loss is the block loss, plus for a DFlash 2 drafter ``selector_alpha`` times its selector
-    loss (``loss.selector_loss``; with ``selector_stop_grad`` it trains the selector alone), both
-    normalised by the global weight sum.
+    The loss is the block loss (``loss``: its settings, ``loss.LossSettings``), plus for a DFlash 2
+    drafter ``selector_alpha`` times its selector loss (``loss_lib.selector_loss``; with
+    ``loss.selector_stop_grad`` it trains the selector alone), both normalised by the global weight
+    sum. ``num_anchors`` anchors are drawn per sequence of every micro-batch.
 
     Args:
       batch: ``{"tokens": int32 [accum, b, T], "loss_mask": bool [accum, b, T]}``, and
@@ -87,7 +80,7 @@ def train_step(
     accum = batch["tokens"].shape[0]
     keys = jax.random.split(rng, accum)
     anchors = jax.vmap(loss_lib.sample_anchors, (0, 0, None))(keys, batch["loss_mask"], num_anchors)
-    w = loss_lib.offset_weights(dcfg.block_size, gamma, loss_offsets)
+    w = loss_lib.offset_weights(dcfg.block_size, loss.gamma, loss.loss_offsets)
     _, use = jax.vmap(loss_lib.block_labels, (0, 0, 0, None))(
         batch["tokens"], batch["loss_mask"], anchors, dcfg.block_size
     )
@@ -99,23 +92,7 @@ def train_step(
 
         def loss_of(p):
             s = loss_lib.block_loss(
-                p,
-                target_params,
-                tokens,
-                mask,
-                anc,
-                tcfg=tcfg,
-                cfg=dcfg,
-                gamma=gamma,
-                anchor_chunk=anchor_chunk,
-                loss_offsets=loss_offsets,
-                remat=remat,
-                feats=feats,
-                selector_stop_grad=selector_stop_grad,
-                objective=objective,
-                tv_weight=tv_weight,
-                position_weights=position_weights,
-                selector_objective=selector_objective,
+                p, target_params, tokens, mask, anc, tcfg=tcfg, cfg=dcfg, feats=feats, **loss.kwargs()
             )
             return (s.loss + selector_alpha * s.selector_loss) / total_weight, s
 
@@ -139,18 +116,10 @@ def sharded_step(
     tcfg,
     dcfg,
     opt,
-    num_anchors,
-    gamma,
-    anchor_chunk,
-    loss_offsets=0,
-    remat=True,
-    stored_features=False,
-    selector_alpha=1.0,
-    selector_stop_grad=False,
-    objective="ce",
-    tv_weight=0.5,
-    position_weights="decay",
-    selector_objective="ce",
+    num_anchors: int,
+    loss: loss_lib.LossSettings,
+    stored_features: bool = False,
+    selector_alpha: float = 1.0,
 ):
     """``train_step`` jitted with explicit shardings over ``mesh`` (the old ``pjit``).
 
@@ -174,21 +143,7 @@ def sharded_step(
     )
     batch_sh = batch_shardings(mesh, stored_features)
     step = partial(
-        train_step,
-        tcfg=tcfg,
-        dcfg=dcfg,
-        opt=opt,
-        num_anchors=num_anchors,
-        gamma=gamma,
-        anchor_chunk=anchor_chunk,
-        loss_offsets=loss_offsets,
-        remat=remat,
-        selector_alpha=selector_alpha,
-        selector_stop_grad=selector_stop_grad,
-        objective=objective,
-        tv_weight=tv_weight,
-        position_weights=position_weights,
-        selector_objective=selector_objective,
+        train_step, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=num_anchors, loss=loss, selector_alpha=selector_alpha
     )
     jitted = jax.jit(
         step,
@@ -226,44 +181,13 @@ def summarise(s: loss_lib.BlockStats, dflash2: bool = False) -> dict:
     return out
 
 
-def eval_stats(
-    params,
-    target_params,
-    batch,
-    rng,
-    *,
-    tcfg,
-    dcfg,
-    num_anchors,
-    gamma,
-    anchor_chunk,
-    loss_offsets=0,
-    remat=True,
-    objective="ce",
-    tv_weight=0.5,
-    position_weights="decay",
-    selector_objective="ce",
-):
+def eval_stats(params, target_params, batch, rng, *, tcfg, dcfg, num_anchors: int, loss: loss_lib.LossSettings):
     """Summed ``BlockStats`` of a validation batch laid out like a training batch with one
     micro-batch (``[1, b, T]``, ``pipeline.global_batch``); anchors from ``rng``; the loss is the
     training ``objective``'s."""
     batch = jax.tree.map(lambda x: x[0], batch)
     anchors = loss_lib.sample_anchors(rng, batch["loss_mask"], num_anchors)
+    tokens, mask, feats = batch["tokens"], batch["loss_mask"], batch.get("features")
     return loss_lib.block_loss(
-        params,
-        target_params,
-        batch["tokens"],
-        batch["loss_mask"],
-        anchors,
-        tcfg=tcfg,
-        cfg=dcfg,
-        gamma=gamma,
-        anchor_chunk=anchor_chunk,
-        loss_offsets=loss_offsets,
-        remat=remat,
-        feats=batch.get("features"),
-        objective=objective,
-        tv_weight=tv_weight,
-        position_weights=position_weights,
-        selector_objective=selector_objective,
+        params, target_params, tokens, mask, anchors, tcfg=tcfg, cfg=dcfg, feats=feats, **loss.kwargs()
     )

@@ -258,6 +258,7 @@ def plan(
 
     from dflash_jax import checkpoint, hf_format
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.loss import LossSettings
     from dflash_jax.sharding import axis_rules, make_mesh
     from dflash_jax.train_step import sharded_step
 
@@ -272,7 +273,14 @@ def plan(
     params = jax.eval_shape(lambda: init_drafter_params(dcfg))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(6e-4, weight_decay=0.0))
     step, param_sh, batch_sh, opt_sh = sharded_step(
-        mesh, params, target_params, tcfg=tcfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0, anchor_chunk=chunk
+        mesh,
+        params,
+        target_params,
+        tcfg=tcfg,
+        dcfg=dcfg,
+        opt=opt,
+        num_anchors=anchors,
+        loss=LossSettings(gamma=7.0, anchor_chunk=chunk),
     )
     state = jax.eval_shape(opt.init, params)
     batch = {
@@ -305,8 +313,7 @@ def plan(
             dcfg=dcfg,
             opt=opt,
             num_anchors=anchors,
-            gamma=7.0,
-            anchor_chunk=chunk,
+            loss=LossSettings(gamma=7.0, anchor_chunk=chunk),
         )
         compile_step, target_params = True, stand_params
         row["temp_from"] = f"dense stand-in, MLP width {stand_in.intermediate_size} (experts per token x expert width)"

@@ -39,6 +39,7 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.loss import LossSettings
     from dflash_jax.train_step import make_optimizer, train_step
     from dflash_jax.utils import enable_compilation_cache
 
@@ -58,7 +59,9 @@ def worker(anchors: int, seq_len: int, steps: int, chunk: int) -> dict:
     }
     batch["loss_mask"][..., seq_len // 2 :] = True
     step = jax.jit(
-        partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=anchors, gamma=7.0, anchor_chunk=chunk),
+        partial(
+            train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=anchors, loss=LossSettings(anchor_chunk=chunk)
+        ),
         donate_argnums=(0, 1),
     )
     t0 = time.perf_counter()
@@ -92,7 +95,7 @@ def recipe_worker(steps: int) -> dict:
 
     from dflash_jax import checkpoint, hub
     from dflash_jax.drafter import DrafterConfig, init_drafter_params
-    from dflash_jax.loss import target_features
+    from dflash_jax.loss import LossSettings, target_features
     from dflash_jax.train_step import make_optimizer, train_step
     from dflash_jax.utils import enable_compilation_cache
 
@@ -134,9 +137,7 @@ def recipe_worker(steps: int) -> dict:
     for k in (0, 8):
         params = init_drafter_params(dcfg, 0)
         step = jax.jit(
-            partial(
-                train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, gamma=7.0, anchor_chunk=16, loss_offsets=k
-            )
+            partial(train_step, tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=64, loss=LossSettings(loss_offsets=k))
         )
         row[f"step_s_loss_offsets_{k}"] = timed(
             lambda: step(params, opt.init(params), ck.params, batch, jax.random.PRNGKey(0))[2]
@@ -150,10 +151,7 @@ def recipe_worker(steps: int) -> dict:
                 dcfg=dcfg,
                 opt=opt,
                 num_anchors=64,
-                gamma=7.0,
-                anchor_chunk=chunk,
-                loss_offsets=8,
-                remat=remat,
+                loss=LossSettings(anchor_chunk=chunk, loss_offsets=8, remat=remat),
             )
         )
         row[f"step_s_loss_offsets_8_chunk_{chunk}_remat_{remat}"] = timed(

@@ -26,6 +26,7 @@ from helpers import (
 from dflash_jax import checkpoint
 from dflash_jax.decode import Decoder
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+from dflash_jax.loss import LossSettings
 from dflash_jax.sampling import Sampling
 from dflash_jax.sharding import axis_rules, make_mesh
 from dflash_jax.speculation import make_plan
@@ -140,7 +141,7 @@ def test_a_mesh_gives_the_same_training_loss(family_target):
     }
     dcfg = DrafterConfig.for_target(ck.cfg, num_layers=1, block_size=4, mask_token_id=3)
     opt = optax.sgd(1.0)
-    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=6, gamma=4.0, anchor_chunk=3)
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=6, loss=LossSettings(gamma=4.0, anchor_chunk=3))
     params = jax.tree.map(np.asarray, init_drafter_params(dcfg, seed=0))
     rng = jax.random.PRNGKey(0)
     _, _, want = jax.jit(lambda p, s: train_step(p, s, ck.params, batch, rng, **kw))(params, opt.init(params))

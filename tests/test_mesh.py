@@ -9,6 +9,7 @@ import pytest
 
 from dflash_jax import checkpoint, data
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
+from dflash_jax.loss import LossSettings
 from dflash_jax.sharding import make_mesh
 from dflash_jax.train_step import sharded_step, train_step
 
@@ -37,7 +38,7 @@ def test_sharded_training_step_equals_single_device(setup, shape, dflash2):
     if dflash2:
         dcfg = dataclasses.replace(dcfg, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=8)
     opt = optax.sgd(1.0)  # the update is minus the gradient: compare gradients, not Adam's sign-like steps
-    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=8, gamma=4.0, anchor_chunk=4)
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, opt=opt, num_anchors=8, loss=LossSettings(gamma=4.0, anchor_chunk=4))
     params = jax.tree.map(np.asarray, init_drafter_params(dcfg, seed=0))  # host copies: the step donates
     rng = jax.random.PRNGKey(0)
     want_p, _, want_m = jax.jit(lambda p, s: train_step(p, s, ck.params, batch, rng, **kw))(params, opt.init(params))

@@ -707,8 +707,11 @@ def test_loss_is_normalised_over_the_whole_global_batch(tiny):
     batch = {k: np.stack([r[k] for r in rows]).reshape(2, 2, 80) for k in rows[0]}
     batch["loss_mask"][1, :, 50:] = False  # the micro-batches carry different total weights
     rng = jax.random.PRNGKey(3)
-    kw = dict(tcfg=ck.cfg, dcfg=dcfg, num_anchors=16, gamma=4.0, anchor_chunk=8)
-    new, _, _ = train_step(params, optax.sgd(1.0).init(params), ck.params, batch, rng, opt=optax.sgd(1.0), **kw)
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, num_anchors=16)
+    settings = loss.LossSettings(gamma=4.0, anchor_chunk=8)
+    new, _, _ = train_step(
+        params, optax.sgd(1.0).init(params), ck.params, batch, rng, opt=optax.sgd(1.0), loss=settings, **kw
+    )
     keys = jax.random.split(rng, 2)
 
     def global_loss(p):
@@ -1332,9 +1335,10 @@ def test_dflash2_objective_and_its_stop_gradient(tiny):
         return jax.grad(f)(p)
 
     def update(stop_grad):
+        settings = loss.LossSettings(gamma=4.0, anchor_chunk=4, selector_stop_grad=stop_grad)
         new, _, m = train_step(
             p, optax.sgd(1.0).init(p), ck.params, batch, rng, tcfg=ck.cfg, dcfg=dcfg, opt=optax.sgd(1.0),
-            num_anchors=8, gamma=4.0, anchor_chunk=4, selector_alpha=0.5, selector_stop_grad=stop_grad,
+            num_anchors=8, loss=settings, selector_alpha=0.5,
         )  # fmt: skip
         assert float(m["selector_acc"]) <= float(m["topk_coverage"]) and 0 < float(m["topk_coverage"]) < 1
         assert float(m["selector_loss"]) > 0
