@@ -7,9 +7,12 @@ from smollm2_135m import get_config as base  # every field, documented there
 
 def recipe(target: str, data: str, out_dir: str, num_layers: int = 5) -> ConfigDict:
     """AdamW lr 6e-4, 4% warmup then cosine, clip 1.0, length 3072, 32 sequences per step, 512
-    anchors, block 16, gamma 7, bf16 compute with float32 master weights, 10k steps."""
+    anchors, block 16, gamma 7, bf16 compute with float32 master weights, 10k steps; on 8 devices as
+    (data 1, fsdp 2, tensor 4), the memory plan's first mesh for an 8B target (about 16 GiB a device,
+    docs/BENCHMARKS.md "Memory plans"; override with mesh=(...) for other device counts)."""
     c = base()
     c.target, c.data, c.out_dir = target, data, out_dir
+    c.mesh = (1, 2, 4)  # data, fsdp, tensor
     c.drafter.num_layers = num_layers
     c.drafter.block_size = 16
     c.train.update(

@@ -199,6 +199,25 @@ OVERWRITE_HELP = (
 )
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each option's default at the end of its help, unless it has none worth naming (None, False, a
+    flag) or the help already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or not action.option_strings
+            or action.nargs == 0
+        ):
+            return text
+        value = " ".join(map(str, action.default)) if isinstance(action.default, (list, tuple)) else action.default
+        return f"{text} (default: {str(value).replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="dflash-jax",
@@ -491,6 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--max-new-tokens", type=int, default=192, help="new tokens at most")
     _add_tool_parsers(sub)
+    for parser in sub.choices.values():  # every subcommand's --help names its defaults
+        parser.formatter_class = _HelpFormatter
     return ap
 
 
@@ -532,10 +553,10 @@ def _add_tool_parsers(sub) -> None:
         "ship-drafter",
         help="a training run's drafter -> a released folder with its training record",
         description="Write a training run's drafter in the released DFlash format (bfloat16, with the "
-        "target's identity, so that --drafter auto finds it) with the run's config (train_config.json), a "
-        "summary of its log over every stage it continued (training_summary.json), its loss curve (loss.png), "
-        "optionally a draft vocabulary, and a README with the commands that made it. The folder appears only "
-        "once it is complete.",
+        "target's identity, so that --drafter DIR checks it against its target) with the run's config "
+        "(train_config.json), a summary of its log over every stage it continued (training_summary.json), "
+        "its loss curve (loss.png), optionally a draft vocabulary, and a README with the commands that made "
+        "it. The folder appears only once it is complete.",
     )
     s.add_argument("run", metavar="RUN", help="the training run's folder (its out_dir)")
     s.add_argument("--out", metavar="DIR", required=True, help="the folder to write")

@@ -17,6 +17,23 @@ def test_every_tool_subcommand_has_help(command, capsys):
     assert e.value.code == 0 and f"usage: dflash-jax {command}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("generate", ["--tree off|auto|N", "(default: auto)", "(default: 0)"]),  # --tree, --seed
+        ("bench", ["(default: gsm8k)", "(default: 2)"]),  # --dataset, --max-turns
+        ("demo", ["(default: 192)"]),  # --max-new-tokens
+    ],
+)
+def test_subcommand_help_names_the_defaults(command, shown, capsys):
+    """Options with a default worth naming end their help with it (``cli._HelpFormatter``), once."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(s in out for s in shown), [s for s in shown if s not in out]
+    assert "(default: None)" not in out and "(default: False)" not in out and "default: default" not in out
+
+
 def _shard(folder, answers):
     """A prepare-data shard: each row a 2-token prompt (ids 0, 1) then its answer, loss mask on the answer."""
     folder.mkdir(parents=True)

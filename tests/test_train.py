@@ -872,6 +872,7 @@ def test_recipe_configs_load_with_the_public_settings(name):
     assert (c.target, c.drafter.num_layers, c.drafter.block_size) == (f"ckpt/{name}", 5, 16)
     assert (c.train.num_anchors, c.train.max_len, c.train.batch_size, c.train.lr) == (512, 3072, 32, 6e-4)
     assert c.train.compute_dtype == "bfloat16" and c.data_shards == 0  # fields inherited from the base config
+    assert tuple(c.mesh) == (1, 2, 4)  # the memory plan's first mesh (docs/BENCHMARKS.md "Memory plans")
 
 
 def test_stage2_recipe_continues_stage1_with_the_same_drafter():
