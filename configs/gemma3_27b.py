@@ -15,6 +15,4 @@ from _recipe import recipe
 
 
 def get_config():
-    c = recipe(target="ckpt/gemma3_27b", data="data/gemma3_27b", out_dir="runs/gemma3_27b")
-    c.mesh = (1, 2, 4)  # data, fsdp, tensor
-    return c
+    return recipe(target="ckpt/gemma3_27b", data="data/gemma3_27b", out_dir="runs/gemma3_27b")

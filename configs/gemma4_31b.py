@@ -16,6 +16,4 @@ from _recipe import recipe
 
 
 def get_config():
-    c = recipe(target="ckpt/gemma4_31b", data="data/gemma4_31b", out_dir="runs/gemma4_31b")
-    c.mesh = (1, 2, 4)  # data, fsdp, tensor
-    return c
+    return recipe(target="ckpt/gemma4_31b", data="data/gemma4_31b", out_dir="runs/gemma4_31b")

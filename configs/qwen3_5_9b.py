@@ -14,6 +14,4 @@ from _recipe import recipe
 
 
 def get_config():
-    c = recipe(target="ckpt/qwen3_5_9b", data="data/qwen3_5_9b", out_dir="runs/qwen3_5_9b")
-    c.mesh = (1, 2, 4)  # data, fsdp, tensor
-    return c
+    return recipe(target="ckpt/qwen3_5_9b", data="data/qwen3_5_9b", out_dir="runs/qwen3_5_9b")

@@ -252,6 +252,8 @@ def plan(
 ) -> dict:
     """One row: per-device GiB of target params, drafter params, AdamW state and (compiled) temporaries
     (``params_only``: the first three, exact from the sharding plan, nothing compiled)."""
+    from functools import partial
+
     import jax
     import jax.numpy as jnp
     import optax
@@ -272,16 +274,10 @@ def plan(
     target_params = checkpoint._abstract_params(tcfg, jnp.bfloat16, mesh)
     params = jax.eval_shape(lambda: init_drafter_params(dcfg))
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(6e-4, weight_decay=0.0))
-    step, param_sh, batch_sh, opt_sh = sharded_step(
-        mesh,
-        params,
-        target_params,
-        tcfg=tcfg,
-        dcfg=dcfg,
-        opt=opt,
-        num_anchors=anchors,
-        loss=LossSettings(gamma=7.0, anchor_chunk=chunk),
+    step_for = partial(  # the step for a target's parameters and config
+        sharded_step, mesh, params, dcfg=dcfg, opt=opt, num_anchors=anchors, loss=LossSettings(anchor_chunk=chunk)
     )
+    step, param_sh, batch_sh, opt_sh = step_for(target_params, tcfg=tcfg)
     state = jax.eval_shape(opt.init, params)
     batch = {
         "tokens": jax.ShapeDtypeStruct((1, micro_batch, seq_len), jnp.int32),
@@ -305,16 +301,7 @@ def plan(
             tcfg, moe=None, intermediate_size=tcfg.moe.experts_per_token * tcfg.moe.intermediate_size
         )
         stand_params = checkpoint._abstract_params(stand_in, jnp.bfloat16, mesh)
-        step, *_ = sharded_step(
-            mesh,
-            params,
-            stand_params,
-            tcfg=stand_in,
-            dcfg=dcfg,
-            opt=opt,
-            num_anchors=anchors,
-            loss=LossSettings(gamma=7.0, anchor_chunk=chunk),
-        )
+        step, *_ = step_for(stand_params, tcfg=stand_in)
         compile_step, target_params = True, stand_params
         row["temp_from"] = f"dense stand-in, MLP width {stand_in.intermediate_size} (experts per token x expert width)"
     if compile_step:

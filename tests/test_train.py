@@ -707,11 +707,8 @@ def test_loss_is_normalised_over_the_whole_global_batch(tiny):
     batch = {k: np.stack([r[k] for r in rows]).reshape(2, 2, 80) for k in rows[0]}
     batch["loss_mask"][1, :, 50:] = False  # the micro-batches carry different total weights
     rng = jax.random.PRNGKey(3)
-    kw = dict(tcfg=ck.cfg, dcfg=dcfg, num_anchors=16)
-    settings = loss.LossSettings(gamma=4.0, anchor_chunk=8)
-    new, _, _ = train_step(
-        params, optax.sgd(1.0).init(params), ck.params, batch, rng, opt=optax.sgd(1.0), loss=settings, **kw
-    )
+    kw = dict(tcfg=ck.cfg, dcfg=dcfg, num_anchors=16, loss=loss.LossSettings(gamma=4.0, anchor_chunk=8))
+    new, _, _ = train_step(params, optax.sgd(1.0).init(params), ck.params, batch, rng, opt=optax.sgd(1.0), **kw)
     keys = jax.random.split(rng, 2)
 
     def global_loss(p):
