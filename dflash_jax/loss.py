@@ -62,7 +62,8 @@ class LossSettings:
     """The training objective's static settings, as ``block_loss`` takes them (the ``train`` fields of
     the same names, ``train_config.TrainSettings``; each is described in ``block_loss``). Frozen and
     hashable: a jitted step closes over one, and ``train_step`` / ``sharded_step`` / ``eval_stats``
-    pass it on whole (``block_loss(..., **settings.kwargs())``)."""
+    pass it on whole (``block_loss(..., **settings.kwargs())``). Its defaults are ``block_loss``'s: the
+    keyword defaults there read them from here, so the two cannot drift apart."""
 
     gamma: float = 7.0
     anchor_chunk: int = 16
@@ -299,15 +300,15 @@ def block_loss(
     tcfg: TargetConfig,
     cfg: DrafterConfig,
     gamma: float,
-    anchor_chunk: int = 16,
-    loss_offsets: int = 0,
-    remat: bool = True,
+    anchor_chunk: int = LossSettings.anchor_chunk,
+    loss_offsets: int = LossSettings.loss_offsets,
+    remat: bool = LossSettings.remat,
     feats: Array | None = None,
-    selector_stop_grad: bool = False,
-    objective: str = "ce",
-    tv_weight: float = 0.5,
-    position_weights: str = "decay",
-    selector_objective: str = "ce",
+    selector_stop_grad: bool = LossSettings.selector_stop_grad,
+    objective: str = LossSettings.objective,
+    tv_weight: float = LossSettings.tv_weight,
+    position_weights: str = LossSettings.position_weights,
+    selector_objective: str = LossSettings.selector_objective,
 ) -> BlockStats:
     """Weighted cross-entropy sums and metrics of the drafter on a batch (SPEC "Training").
 
