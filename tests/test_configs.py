@@ -33,24 +33,23 @@ def test_a_study_or_shipped_config_states_every_field_itself(path):
 
 def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
     """configs/smollm2_135m_shipped.py equals the shipped drafter's recorded train_config.json but for
-    its out_dir, its init_from (the same stage-5 files, in the folder they are kept in now),
-    eval.best_by (a field added after the run; the shipped drafter is the run's final one), init_grow
-    (added after the run; False, the layer counts match) and the train fields added after it
-    (``NEWER_TRAIN_FIELDS``), at their defaults."""
+    its out_dir and its init_from (stage 7's drafter: the run read its float32 folder under runs/, the
+    recipe its bfloat16 copy kept in the repository), and any train field added after the run
+    (``NEWER_TRAIN_FIELDS``), at its default."""
     c = json.loads(json.dumps(load_config(ROOT / "configs" / "smollm2_135m_shipped.py").to_dict(), default=list))
     shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
     ran = json.loads((shipped / "train_config.json").read_text())
     assert c.pop("out_dir") != ran.pop("out_dir")
     assert (c.pop("init_from"), ran.pop("init_from")) == (
-        "assets/smollm2-135m-instruct-dflash-stage5",
-        "assets/smollm2-135m-instruct-dflash",
+        "assets/smollm2-135m-instruct-dflash-long1024",
+        "runs/long38_1024/drafter",
     )
-    assert c["eval"].pop("best_by") == "loss" and "best_by" not in ran["eval"]
-    assert c.pop("init_grow") is False and "init_grow" not in ran
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
 
     for key, default in NEWER_TRAIN_FIELDS.items():  # fields added after the run, at their defaults
         if key not in ran["train"]:
             assert c["train"].pop(key) == json.loads(json.dumps(default, default=list)), key
     assert c == ran
-    assert (ROOT / "assets" / "smollm2-135m-instruct-dflash-stage5" / "model.safetensors").exists()
+    # what the recipe and the stages before it start from are kept in the repository
+    for stage in ("long1024", "stage6", "stage5"):
+        assert (ROOT / "assets" / f"smollm2-135m-instruct-dflash-{stage}" / "model.safetensors").exists()

@@ -1,12 +1,20 @@
 """Issue 38's long run for SmolLM2 on this 2-core CPU: the shipped drafter
-(``dflash_jax/assets/smollm2-135m-instruct-dflash``) continued for one pass over the 48 made shards of
-``data/smollm2-mix`` (6144 answers; 1536 steps of 4 answers) with the objective study's choice
-(``experiments/smollm2/study_issue38.sh``, docs/BENCHMARKS.md "Issue 38's objective study"): the answer's
-tokens with each offset weighted by the block's chance of reaching it (``ce_reach``). Every other field is
-the study's (``smollm2_135m_objectives.py``); comments give its value where a field differs. About 7 s a
-step here (3 h); resumable:
+(``dflash_jax/assets/smollm2-135m-instruct-dflash``) continued on ``data/smollm2-mix`` with the objective study's
+choice (``experiments/smollm2/smollm2_135m_objectives.py``, docs/BENCHMARKS.md "Issue 38's objective study"): the
+answer's tokens with each offset weighted by the block's chance of reaching it (``ce_reach``). Every other field is
+the study's; comments give its value where a field differs. About 8 s a step of 4 answers here; resumable.
 
-    .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_long38.py
+As it ran (docs/BENCHMARKS.md, "The long run on 66 shards"), in two stages:
+
+    # 1024 steps on the 66 shards made then (2.4 h); kept in bfloat16 as assets/smollm2-135m-instruct-dflash-long1024
+    .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_long38.py \\
+        data_shards=66 train.steps=1024 out_dir=runs/long38_1024
+    # 512 more on 67 shards, another data order (seed 1), a lower peak learning rate (1.2 h)
+    .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_long38.py \\
+        init_from=runs/long38_1024/drafter data_shards=67 seed=1 train.lr=0.0005 train.steps=512 \\
+        out_dir=runs/long38_more
+
+The fields below are the plan it was written with (48 shards, 1536 steps).
 """
 
 from ml_collections import ConfigDict
