@@ -15,14 +15,14 @@ target's own answers, kept in git) with 32 answers of the first 2 held out, in t
 drew seed 0's). Every field equals the shipped drafter's ``train_config.json`` but ``out_dir`` and ``init_from``:
 the run started from stage 7's float32 drafter (``runs/long38_1024/drafter``, not in git); the repository keeps
 its bfloat16 copy, so a rerun from it starts within bfloat16 rounding of the shipped run. The studies that chose
-this recipe are in ``experiments/smollm2/`` (docs/BENCHMARKS.md, "The shipped SmolLM2 drafter" and "The long run
-on 66 shards").
+this recipe are in ``experiments/smollm2/`` (docs/BENCHMARKS.md, "The shipped SmolLM2 drafter" and "Issue 38's long
+run: stages 7 and 8").
 
     .venv/bin/dflash-jax prepare-data --prompts ../shared/data/train/gsm8k_train.jsonl \\
         ../shared/data/train/alpaca_en_1k.json ../shared/data/train/alpaca_5000.json \\
         ../shared/data/train/code_alpaca_2k.json ../shared/data/train/new_codealpaca.json \\
         --max-new-tokens 256 --batch-size 16 --shard-size 128 --out data/smollm2-mix   # 67 shards are in git
-    .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py                # about 8 s a step
+    .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py                # 8-10 s a step
     .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --which drafter --out runs/shipped \\
         --draft-vocab data/smollm2-mix   # the shipped folder's README: the commands of stages 1-8
 

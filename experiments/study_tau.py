@@ -51,6 +51,15 @@ def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -
     return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
 
 
+def recorded_answers(records: Path, name: str) -> list[dict]:
+    """The plain answers a bench run recorded for set ``name``, in its order: ``records`` is a folder of
+    ``t0_<set>.records.jsonl`` (``make bench-full``) or one run's ``.records.jsonl`` with every set (``bench
+    --dataset all``); either way the first line is the run's settings."""
+    path = records if records.is_file() else records / f"t0_{name}.records.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    return [r for r in rows if r.get("dataset", name) == name]
+
+
 def at_block_size(dparams, dcfg, block: int):
     """The drafter as a block-``block`` drafter for the training forward, as the decoder runs it
     with ``block_size=block``: the same weights, the copy-bias table cut to the block's offsets."""
@@ -80,7 +89,12 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", nargs="*", default=[], help="label=folder (a run's best/ or a released drafter)")
-    ap.add_argument("--records", type=Path, default=Path("docs/bench/full"), help="folder of t0_<set>.records.jsonl")
+    ap.add_argument(
+        "--records",
+        type=Path,
+        default=Path("docs/bench/full"),
+        help="folder of t0_<set>.records.jsonl, or one bench run's .records.jsonl holding every set",
+    )
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--per-set", type=int, default=20, help="first turns per set")
     ap.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
@@ -113,7 +127,7 @@ def main() -> None:
     answers = []
     for name in args.sets:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [json.loads(line) for line in (args.records / f"t0_{name}.records.jsonl").read_text().splitlines()[1:]]
+        rows = recorded_answers(args.records, name)
         rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
         for r in rows:
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])

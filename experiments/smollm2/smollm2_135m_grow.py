@@ -1,6 +1,7 @@
-"""Issue 38, drafter depth: the shipped 2-layer drafter grown to 4 layers (``init_grow``: its two layers
-first, two added layers that start as the identity, so step 0 predicts exactly what the shipped drafter
-does), continued on the 61 made shards of ``data/smollm2-mix`` (36 of them new to it) for 192 steps. The
+"""Issue 38, drafter depth: stage 6 (the 2-layer drafter shipped then,
+``assets/smollm2-135m-instruct-dflash-stage6``) grown to 4 layers (``init_grow``: its two layers first, two
+added layers that start as the identity, so step 0 predicts exactly what stage 6 does), continued on the 61
+made shards of ``data/smollm2-mix`` (36 of them new to it) for 192 steps. The
 same-budget 2-layer arm is this config with ``drafter.num_layers=2 init_grow=False
 out_dir=runs/grow/2layers``. Every other field is the long run's (``smollm2_135m_long38.py``); comments give
 its value where a field differs. Judged by ``experiments/study_tau.py`` on the five sets (20 answers each,
@@ -23,7 +24,7 @@ def get_config() -> ConfigDict:
     c.data_shards = 61  # long38: 48
     c.out_dir = "runs/grow/4layers"  # long38: "runs/long38"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.init_grow = True  # long38: False
     c.mesh = (1, 1, 1)
 

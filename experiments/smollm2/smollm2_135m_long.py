@@ -4,11 +4,11 @@ The studies (docs/BENCHMARKS.md, "Fixed-budget study, second plan" and "DFlash a
 equal budget") picked a DFlash 2 drafter that reads prompt lookup (the n-gram continuation, n >= 2,
 as the block input; a learned copy bias from 30 on its own lr 0.03) trained on offsets 1..8
 (``smollm2_135m_mix_copy2_dflash2.py``). This stage continues the drafter shipped from that study
-(``init_from`` the asset) on every mixed shard made so far (6: 768 answers, the same 32 of the first
-2 held out), for 1500 steps with checkpoints every 40 and an evaluation (held-out loss, tau from
-held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping as ``best/`` the drafter with
-the highest tau from the held-out blocks (``eval.best_by``: a wrong forced copy costs about 30 of
-loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by).
+(stage 6, ``init_from`` its copy in ``assets/``) on every mixed shard made so far (6: 768 answers,
+the same 32 of the first 2 held out), for 1500 steps with checkpoints every 40 and an evaluation
+(held-out loss, tau from held-out blocks, decoded tau on 4 held-out prompts) every 100, keeping as
+``best/`` the drafter with the highest tau from the held-out blocks (``eval.best_by``: a wrong forced copy costs about
+30 of loss, so this drafter's loss and tau can move apart; the 4 decoded prompts are too few to rank by).
 Resumable: rerun the same command after an interruption (SIGKILL included). It ended no better than
 the shipped drafter (docs/BENCHMARKS.md, "The long run's end"), so stage 2
 (``smollm2_135m_long2.py``, on more shards) starts from the shipped drafter again, not from it.
@@ -31,7 +31,7 @@ def get_config() -> ConfigDict:
     c.out_dir = "runs/long1"  # smollm2_135m_mix_copy2_dflash2.py: "runs/mix_copy2_dflash2"
     c.seed = 0
     # smollm2_135m_mix_copy2_dflash2.py: "assets/smollm2-135m-instruct-dflash-stage5"
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()

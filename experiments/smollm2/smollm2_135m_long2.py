@@ -1,9 +1,9 @@
-"""Issue 20's long run, stage 2: the shipped drafter's recipe on four times the mixed answers.
+"""Issue 20's long run, stage 2: stage 6's recipe (the drafter shipped then) on four times the mixed answers.
 
 Stage 1 (``smollm2_135m_long.py``, 1500 steps on the 6 mixed shards then made) stopped improving at
 step 1100 and was not better than the shipped drafter on the benchmark sets (docs/BENCHMARKS.md,
 "The long run's end"): it had seen each of its 768 answers about 30 times. This stage continues the
-shipped drafter again (``init_from`` the asset, not stage 1), with the same recipe (a DFlash 2
+shipped drafter again (stage 6, ``init_from`` its copy in ``assets/``, not stage 1), with the same recipe (a DFlash 2
 drafter reading prompt lookup, offsets 1..8, lr 7e-4, warmup + cosine) and the same 32 held-out
 answers of the first 2 shards, on the first 24 mixed shards (3072 answers), for 3000 steps: 0.98 steps per
 answer, two thirds of stage 1's 1.43 at step 1100, where its held-out loss stopped falling. ``best/``
@@ -28,7 +28,7 @@ def get_config() -> ConfigDict:
     c.data_shards = 24  # smollm2_135m_long.py: 6
     c.out_dir = "runs/long2"  # smollm2_135m_long.py: "runs/long1"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()

@@ -1,15 +1,15 @@
-"""Issue 38's long run for SmolLM2 on this 2-core CPU: the shipped drafter
-(``dflash_jax/assets/smollm2-135m-instruct-dflash``) continued on ``data/smollm2-mix`` with the objective study's
+"""Issue 38's long run for SmolLM2 on this 2-core CPU: stage 6, the drafter shipped
+then (``assets/smollm2-135m-instruct-dflash-stage6``), continued on ``data/smollm2-mix`` with the objective study's
 choice (``experiments/smollm2/smollm2_135m_objectives.py``, docs/BENCHMARKS.md "Issue 38's objective study"): the
 answer's tokens with each offset weighted by the block's chance of reaching it (``ce_reach``). Every other field is
 the study's; comments give its value where a field differs. About 8 s a step of 4 answers here; resumable.
 
-As it ran (docs/BENCHMARKS.md, "The long run on 66 shards"), in two stages:
+As it ran (docs/BENCHMARKS.md, "Issue 38's long run: stages 7 and 8"), in two stages:
 
     # 1024 steps on the 66 shards made then (2.4 h); kept in bfloat16 as assets/smollm2-135m-instruct-dflash-long1024
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_long38.py \\
         data_shards=66 train.steps=1024 out_dir=runs/long38_1024
-    # 512 more on 67 shards, another data order (seed 1), a lower peak learning rate (1.2 h)
+    # 512 more on 67 shards, another data order (seed 1), a lower peak learning rate (1.3 h)
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_long38.py \\
         init_from=runs/long38_1024/drafter data_shards=67 seed=1 train.lr=0.0005 train.steps=512 \\
         out_dir=runs/long38_more
@@ -22,14 +22,14 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     # Every field is stated here (no base config; configs/smollm2_135m.py describes each one). Comments give
-    # the objective study's value ("objectives:") or the shipped recipe's ("shipped:") where a field differs.
+    # the objective study's value ("objectives:") or stage 6's recipe ("stage 6:") where a field differs.
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"
     c.data = "data/smollm2-mix"
     c.data_shards = 48
     c.out_dir = "runs/long38"  # objectives: "runs/study38/<arm>"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: the stage-5 drafter
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
@@ -56,7 +56,7 @@ def get_config() -> ConfigDict:
     c.train.num_anchors = 64
     c.train.anchor_chunk = 8
     c.train.remat = False
-    c.train.stored_features = False  # shipped: True
+    c.train.stored_features = False  # stage 6: True
     c.train.gamma = 7.0
     c.train.loss_offsets = 8
     c.train.length_buckets = ()

@@ -1,4 +1,4 @@
-"""Issue 38, long context: the shipped drafter (``dflash_jax/assets/smollm2-135m-instruct-dflash``, trained
+"""Issue 38, long context: stage 6, the drafter shipped then (``assets/smollm2-135m-instruct-dflash-stage6``, trained
 on single-turn sequences of at most 384 tokens) continued on multi-turn chats of about 2048 tokens
 (``experiments/long_chats.py`` over shards 0-29 of ``data/smollm2-mix``, 468 chats, the loss on every
 assistant turn), so that it sees the positions and the earlier turns it is served with. Every other field
@@ -24,7 +24,7 @@ def get_config() -> ConfigDict:
     c.data_shards = 0  # long38: 48
     c.out_dir = "runs/long_chats"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()

@@ -1,10 +1,11 @@
-"""Issue 38's objective study for SmolLM2 on this 2-core CPU: the shipped drafter
-(``dflash_jax/assets/smollm2-135m-instruct-dflash``, a DFlash 2 drafter reading prompt lookup) continued with its own
-recipe (``configs/smollm2_135m_shipped.py``) on every made shard of ``data/smollm2-mix`` (48: the 5 it saw
+"""Issue 38's objective study for SmolLM2 on this 2-core CPU: stage 6, the drafter shipped
+then (``assets/smollm2-135m-instruct-dflash-stage6``, a DFlash 2 drafter reading prompt lookup), continued with its
+own recipe on every made shard of ``data/smollm2-mix`` (48: the 5 it saw
 and 43 it never did), the target's forward in every step (the distribution objectives read its head, which
 stored features do not hold), one arm per objective (``experiments/smollm2/study_issue38.sh`` sets
 ``train.objective`` / ``train.position_weights`` and equal wall-clock step counts). Comments give the
-shipped recipe's value where a field differs from it.
+value in stage 6's recipe (``assets/smollm2-135m-instruct-dflash-stage6/train_config.json``) where a field
+differs from it.
 
     bash experiments/smollm2/study_issue38.sh   # resumable
 """
@@ -18,10 +19,10 @@ def get_config() -> ConfigDict:
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"
     c.data = "data/smollm2-mix"
-    c.data_shards = 48  # shipped: 5
-    c.out_dir = "runs/study38/ce"  # shipped: "runs/smollm2_135m_shipped"
+    c.data_shards = 48  # stage 6: 5
+    c.out_dir = "runs/study38/ce"
     c.seed = 0
-    c.init_from = "dflash_jax/assets/smollm2-135m-instruct-dflash"  # shipped: the stage-5 drafter
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage6"  # stage 6, shipped when this ran
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
@@ -48,7 +49,7 @@ def get_config() -> ConfigDict:
     c.train.num_anchors = 64
     c.train.anchor_chunk = 8
     c.train.remat = False
-    c.train.stored_features = False  # shipped: True
+    c.train.stored_features = False  # stage 6: True
     c.train.gamma = 7.0
     c.train.loss_offsets = 8
     c.train.length_buckets = ()

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 38's fixed-budget study of training objectives for SmolLM2 on this 2-core CPU: the shipped drafter
+# Issue 38's fixed-budget study of training objectives for SmolLM2 on this 2-core CPU: stage 6 (shipped then)
 # continued on the 48 made shards of data/smollm2-mix (experiments/smollm2/smollm2_135m_objectives.py), one
 # arm per objective at equal wall-clock (each arm's steps from a 6-step probe of its step time against
 # the ce arm's probe, probes run alone), then greedy tau on the recorded answers of the five benchmark
-# sets at block 16 (experiments/study_tau.py, 20 answers a set; the shipped drafter as the baseline).
+# sets at block 16 (experiments/study_tau.py, 20 answers a set; stage 6 as the baseline).
 # Arms: ce (the answer's tokens, today's), kl (the target's next-token distribution), kl_tv (KL mixed with
 # total variation), ce_reach and kl_reach (each offset weighted by the block's chance of reaching it),
 # kl_sel (kl, and DFlash 2's selector learns the target's distribution over its candidates too: the
@@ -38,7 +38,7 @@ for a in "${ARMS[@]}"; do
   arm "$a" "$CFG" "$n" ${FLAGS[$a]}
   mkdir -p docs/bench/issue38/study && cp "$OUT/$a/metrics.jsonl" "docs/bench/issue38/study/$a.metrics.jsonl"
 done
-drafters=("shipped=dflash_jax/assets/smollm2-135m-instruct-dflash")
+drafters=("shipped=assets/smollm2-135m-instruct-dflash-stage6")  # stage 6: shipped when the study ran
 for a in "${ARMS[@]}"; do drafters+=("$a=$OUT/$a/drafter"); done
 .venv/bin/python experiments/study_tau.py --per-set 20 --blocks 16 --drafter "${drafters[@]}" \
   --out docs/bench/issue38/study_tau.jsonl | tee docs/bench/issue38/study_tau.md
