@@ -47,19 +47,20 @@ AUTO_VERIFY_LENGTHS = (1, 2, 4, 8, 16, 32)  # (32: trees of more than 16 nodes)
 # (`experiments/ngram_acceptance.py`; docs/JOURNAL.md, "Prompt lookup and the default settings").
 NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 
-# The block size of ``--drafter auto`` on a CPU: the shipped drafter beside prompt lookup at block 8
+# The block size of ``--drafter auto`` on a CPU: the drafter shipped then beside prompt lookup at block 8
 # decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
 # sets, 1.31x both; `experiments/default_candidates.py`, docs/JOURNAL.md "The CPU default").
 CPU_BLOCK_SIZE = 8
 
 # A tree's prompt-lookup branches: the 3 best earlier occurrences of the last tokens, a branch each. From
-# recorded greedy answers (10 first turns a set, the shipped drafter, 16 nodes): 1.21-1.28x the chain's tau
-# on the five sets, against 1.16-1.26x with the latest occurrence's alone (docs/BENCHMARKS.md "Draft trees").
+# recorded greedy answers (10 first turns a set, stage 6, the drafter shipped then, 16 nodes): 1.21-1.28x the
+# chain's tau on the five sets, against 1.16-1.26x with the latest occurrence's alone (docs/BENCHMARKS.md
+# "Draft trees").
 TREE_LOOKUP_BRANCHES = 3
 
-# ``--tree auto``'s node budget for the shipped drafter on a CPU: 7 nodes, so a round verifies at most 8
-# positions, the chains' CPU block (a verify is compute-bound there: 17 positions cost 2.4x one, 8 cost
-# 1.6x). Interleaved with the chains, 20 prompts a set: GSM8K 1.77x plain against 1.73x, the five sets
+# ``--tree auto``'s node budget for the shipped drafter on a CPU (measured with stage 6): 7 nodes, so a round
+# verifies at most 8 positions, the chains' CPU block (a verify is compute-bound there: 17 positions cost 2.4x
+# one, 8 cost 1.6x). Interleaved with the chains, 20 prompts a set: GSM8K 1.77x plain against 1.73x, the five sets
 # 1.51x against 1.48x, no set slower (docs/BENCHMARKS.md "Draft trees"). Elsewhere (sampled decoding, where
 # the tree's tau was the chains' and its speed lower on 15 prompts; another drafter; an accelerator) ``auto``
 # verifies chains until a tree is measured faster there.
