@@ -29,6 +29,15 @@ from dflash_jax.tokens import chat_ids
 SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 
 
+def recorded_answers(records: Path, name: str) -> list[dict]:
+    """The plain answers a bench run recorded for set ``name``, in its order: ``records`` is a folder of
+    ``t0_<set>.records.jsonl`` (``make bench-full``) or one run's ``.records.jsonl`` with every set (``bench
+    --dataset all``); either way the first line is the run's settings."""
+    path = records if records.is_file() else records / f"t0_{name}.records.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    return [r for r in rows if r.get("dataset", name) == name]
+
+
 def propose(seq: list[int], k: int, nmax: int = 4, nmin: int = 1) -> tuple[list[int], int]:
     """The rule for committed tokens ``seq`` (anchor last): (draft, matched length n; 0: none)."""
     draft, n, _ = _match(seq, k, nmax, nmin)
@@ -95,7 +104,12 @@ def walk(full: list[int], start: int, choose, block: int, key=propose) -> tuple[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=Path, default=Path("docs/bench/full"), help="folder of t0_<set>.records.jsonl")
+    ap.add_argument(
+        "--records",
+        type=Path,
+        default=Path("docs/bench/full"),
+        help="folder of t0_<set>.records.jsonl, or one bench run's .records.jsonl holding every set",
+    )
     ap.add_argument("--per-set", type=int, default=40, help="first turns per set")
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--costs", default="1:1,2:1.57,4:2.3,8:2.55,16:3.78", help="verify length:cost in plain steps")
@@ -110,8 +124,7 @@ def main() -> None:
     answers = []
     for name in SETS:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [json.loads(line) for line in (args.records / f"t0_{name}.records.jsonl").read_text().splitlines()[1:]]
-        rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
         for r in rows:
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
             answers.append((name, ids + r["output_ids"], len(ids)))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from anchor_acceptance import acceptance_at_anchors, simulated_rounds
-from ngram_acceptance import SETS, accepted, propose
+from ngram_acceptance import SETS, accepted, propose, recorded_answers
 
 
 def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -> list[int]:
@@ -49,15 +49,6 @@ def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -
     mask = np.arange(len(tokens)) >= start
     a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask, vocab=vocab)[: n - 1 - start]  # anchors start .. n-2
     return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
-
-
-def recorded_answers(records: Path, name: str) -> list[dict]:
-    """The plain answers a bench run recorded for set ``name``, in its order: ``records`` is a folder of
-    ``t0_<set>.records.jsonl`` (``make bench-full``) or one run's ``.records.jsonl`` with every set (``bench
-    --dataset all``); either way the first line is the run's settings."""
-    path = records if records.is_file() else records / f"t0_{name}.records.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
-    return [r for r in rows if r.get("dataset", name) == name]
 
 
 def at_block_size(dparams, dcfg, block: int):
@@ -127,8 +118,7 @@ def main() -> None:
     answers = []
     for name in args.sets:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = recorded_answers(args.records, name)
-        rows = [r for r in rows if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
         for r in rows:
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
             answers.append((name, r["id"], ids + r["output_ids"], len(ids)))

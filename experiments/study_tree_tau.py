@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from anchor_acceptance import simulated_rounds
-from ngram_acceptance import SETS
+from ngram_acceptance import SETS, recorded_answers
 
 
 @functools.cache
@@ -262,10 +262,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sets:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        path = args.records if args.records.is_file() else args.records / f"t0_{name}.records.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
-        rows = [r for r in rows if r.get("dataset", name) == name and r["turn"] == 0 and r["id"] in items]
-        rows = rows[: args.per_set]
+        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
         for r in tqdm(rows, desc=name, leave=False):
             if (name, r["id"]) in done:
                 continue
