@@ -31,6 +31,9 @@ def get_config() -> ConfigDict:
     c.drafter.block_input = "mask"
     c.drafter.ngram_max = 4
     c.drafter.ngram_min = 1
+    # with "ngram": a continuation that reaches the anchor goes on with the match's period (a loop
+    # continued) instead of stopping there
+    c.drafter.ngram_periodic = False
     # with "ngram": a learned logit bonus for the proposed token per matched length and offset,
     # starting at this value (None: no bonus)
     c.drafter.copy_bias = None

@@ -119,6 +119,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
         block_input=str(dcfg.get("block_input", "mask")),
         ngram_max=number("ngram_max", default=4),
         ngram_min=number("ngram_min", default=1),
+        ngram_periodic=bool(dcfg.get("ngram_periodic", False)),
         copy_bias=None if dcfg.get("copy_bias") is None else number("copy_bias", float),
         **extra,
     )
@@ -165,6 +166,8 @@ def config_json(cfg: DrafterConfig, target_identity: dict | None = None) -> dict
     }
     if cfg.block_input != "mask":  # read by dflash-jax only: dflash==0.1.0 fills blocks with mask tokens
         out["dflash_config"].update(block_input=cfg.block_input, ngram_max=cfg.ngram_max, ngram_min=cfg.ngram_min)
+        if cfg.ngram_periodic:  # absent when off: earlier drafters' configs (and runs' ids) stay as they were
+            out["dflash_config"]["ngram_periodic"] = True
         if cfg.copy_bias is not None:
             out["dflash_config"]["copy_bias"] = cfg.copy_bias
     if cfg.dflash2:

@@ -87,6 +87,9 @@ class DrafterConfig:
     block_input: str = "mask"
     ngram_max: int = 4
     ngram_min: int = 1
+    # With "ngram": a continuation that reaches the anchor goes on with the match's period (a loop
+    # continued; ``ngram.ngram_matches``' ``periodic``) instead of mask tokens after it
+    ngram_periodic: bool = False
     # With "ngram": a learned logit bonus for the token the block input holds at each offset, one
     # per matched n-gram length and offset, all starting at this value (``copy_prior``); None: none
     copy_bias: float | None = None
@@ -104,6 +107,10 @@ class DrafterConfig:
             raise ConfigError(f"block_input {self.block_input!r} is not one of {', '.join(BLOCK_INPUTS)}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.ngram_periodic and self.block_input != "ngram":
+            raise ConfigError(
+                'ngram_periodic continues the n-gram block input: set block_input="ngram" or leave it off'
+            )
         if self.copy_bias is not None and self.block_input != "ngram":
             raise ConfigError(
                 'copy_bias rewards copying the n-gram block input: set block_input="ngram" or copy_bias None'
@@ -192,7 +199,8 @@ def block_inputs(
     """The drafter's input block int32 ``[B, block_len]``: the anchor, then mask tokens (DFlash, SPEC
     "Drafting"); with ``cfg.block_input == "ngram"`` offsets ``1 .. num`` hold the prompt-lookup
     continuation of each row's committed tokens (``ngram.ngram_propose`` over ``tokens[b, :start[b]+1]``,
-    the rule of SPEC "N-gram (prompt-lookup) drafting") and mask tokens follow it.
+    the rule of SPEC "N-gram (prompt-lookup) drafting"; with ``cfg.ngram_periodic`` continued past the
+    anchor with the match's period, ``ngram.ngram_matches``) and mask tokens follow it.
 
     Args:
       anchor: int32 ``[B]`` the last committed token of each row (at position ``start``).
@@ -210,7 +218,9 @@ def block_inputs(
     block = jnp.full((anchor.shape[0], block_len), cfg.mask_token_id, jnp.int32).at[:, 0].set(anchor)
     num = matched = jnp.zeros_like(anchor)
     if cfg.block_input == "ngram":
-        draft, num, matched = ngram_match(tokens, start, block_len - 1, cfg.ngram_max, cfg.ngram_min)
+        draft, num, matched = ngram_match(
+            tokens, start, block_len - 1, cfg.ngram_max, cfg.ngram_min, periodic=cfg.ngram_periodic
+        )
         proposed = jnp.where(jnp.arange(block_len - 1) < num[:, None], draft, cfg.mask_token_id)
         block = block.at[:, 1:].set(proposed)
     return block, num, matched
@@ -228,6 +238,24 @@ def copy_prior(logits: Array, params, cfg: DrafterConfig, block: Array, num: Arr
     bonus, proposed = copy_bonus(params, num, matched, k)
     hit = jnp.arange(logits.shape[-1]) == block[..., 1 : k + 1, None]
     return logits + jnp.where(hit, jnp.where(proposed, bonus, 0.0)[..., None], 0.0).astype(logits.dtype)
+
+
+def grow_copy_bias(table, ngram_max: int, value: float) -> np.ndarray:
+    """A copy-bias table ``[n, block_size - 1]`` (``copy_bonus``) for matches up to ``ngram_max >= n``
+    tokens: its rows as they are, then a row per longer match length, each entry ``value`` (logits;
+    a training run's ``init_from`` passes ``drafter.copy_bias``, the value a table it lacks starts
+    at). float32 ``[ngram_max, block_size - 1]``.
+
+    Raises:
+      ConfigError: ``ngram_max`` below the table's rows.
+    """
+    table = np.asarray(table, np.float32)
+    if ngram_max < table.shape[0]:
+        raise ConfigError(
+            f"the copy-bias table has {table.shape[0]} rows (matched lengths); ngram_max {ngram_max} drops some"
+        )
+    extra = np.full((ngram_max - table.shape[0], table.shape[1]), value, np.float32)
+    return np.concatenate([table, extra])
 
 
 def copy_bonus(params, num: Array, matched: Array, k: int) -> tuple[Array, Array]:

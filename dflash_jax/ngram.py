@@ -56,22 +56,37 @@ def ngram_propose(
 
 
 def ngram_match(
-    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1
+    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1, *, periodic: bool = False
 ) -> tuple[Array, Array, Array]:
-    """``ngram_propose`` plus int32 ``[B]`` the length ``n`` of the suffix that matched (0: none)."""
-    cont, num, matched = ngram_matches(tokens, start, num_tokens, ngram_max, ngram_min)
+    """``ngram_propose`` plus int32 ``[B]`` the length ``n`` of the suffix that matched (0: none);
+    ``periodic``: as ``ngram_matches``."""
+    cont, num, matched = ngram_matches(tokens, start, num_tokens, ngram_max, ngram_min, periodic=periodic)
     return cont[:, 0], num[:, 0], matched[:, 0]
 
 
 def ngram_matches(
-    tokens: Array, start: Array, num_tokens: int, ngram_max: int = 4, ngram_min: int = 1, count: int = 1
+    tokens: Array,
+    start: Array,
+    num_tokens: int,
+    ngram_max: int = 4,
+    ngram_min: int = 1,
+    count: int = 1,
+    *,
+    periodic: bool = False,
 ) -> tuple[Array, Array, Array]:
     """The ``count`` best earlier occurrences of each row's suffix, best first (the longest match, then
     the latest: the first is ``ngram_match``'s), each with what followed it: int32 ``(cont [B, count,
     num_tokens], num [B, count], matched [B, count])``, ``num`` 0 where fewer occurred. Occurrences of
     any length ``ngram_min .. ngram_max`` count, so a row with one 4-token match may also offer its
-    3-token ones. Several drafts from one rule: a draft tree holds them as branches (``tree_step``)."""
-    return jax.vmap(lambda t, s: _matches_row(t, s, num_tokens, ngram_max, ngram_min, count))(tokens, start)
+    3-token ones. Several drafts from one rule: a draft tree holds them as branches (``tree_step``).
+
+    ``periodic`` (a dflash-jax extension, off in SPEC's rule): a continuation that reaches the anchor
+    goes on repeating with the match's period instead of stopping there. An occurrence ending ``d``
+    positions before the anchor proposes ``tokens[end + 1 + (j mod d)]`` at offset ``j + 1``, all
+    ``num_tokens`` of them, which is what the text holds if it keeps repeating its last ``d`` tokens
+    (a loop); only committed tokens are read either way."""
+    fn = partial(_matches_row, k=num_tokens, nmax=ngram_max, nmin=ngram_min, count=count, periodic=periodic)
+    return jax.vmap(fn)(tokens, start)
 
 
 def _suffix_keys(t: Array, s: Array, nmax: int, nmin: int) -> Array:
@@ -87,7 +102,9 @@ def _suffix_keys(t: Array, s: Array, nmax: int, nmin: int) -> Array:
     return jnp.where(m >= nmin, m * length + idx, -1)
 
 
-def _matches_row(t: Array, s: Array, k: int, nmax: int, nmin: int, count: int) -> tuple[Array, Array, Array]:
+def _matches_row(
+    t: Array, s: Array, k: int, nmax: int, nmin: int, count: int, periodic: bool = False
+) -> tuple[Array, Array, Array]:
     length = t.shape[0]
     keys, best = _suffix_keys(t, s, nmax, nmin), []
     for _ in range(count):  # one max-reduction each (a top-k costs some 20 of them on a CPU)
@@ -96,8 +113,12 @@ def _matches_row(t: Array, s: Array, k: int, nmax: int, nmin: int, count: int) -
     keys = jnp.stack(best)  # longest match first, then the latest occurrence
     found = keys >= 0
     end = jnp.where(found, keys % length, 0)  # where each occurrence ends
-    num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
-    follow = jax.vmap(lambda e: jax.lax.dynamic_slice_in_dim(t, e + 1, k))(end)  # [count, k]
+    if periodic:  # offset j + 1 reads end + 1 + (j mod d), d = s - end >= 1: never past the anchor
+        num = jnp.where(found, k, 0).astype(jnp.int32)
+        follow = t[end[:, None] + 1 + jnp.arange(k) % jnp.maximum(s - end, 1)[:, None]]  # [count, k]
+    else:
+        num = jnp.where(found, jnp.minimum(k, s - end), 0).astype(jnp.int32)
+        follow = jax.vmap(lambda e: jax.lax.dynamic_slice_in_dim(t, e + 1, k))(end)  # [count, k]
     matched = jnp.where(found, keys // length, 0).astype(jnp.int32)
     return jnp.where(jnp.arange(k) < num[:, None], follow, 0).astype(jnp.int32), num, matched
 

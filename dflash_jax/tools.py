@@ -370,8 +370,10 @@ def ship_drafter(
             )
         if cfg.block_input == "ngram":
             extras += (
-                f" Its block input is the prompt-lookup continuation (the last {cfg.ngram_min}..{cfg.ngram_max} "
-                f"committed tokens' most recent earlier match) in place of mask tokens"
+                f" Its block input is the prompt-lookup continuation (the longest, then latest, earlier match "
+                f"of the last {cfg.ngram_min}..{cfg.ngram_max} committed tokens"
+                + (", continued past the anchor with the match's period" if cfg.ngram_periodic else "")
+                + ") in place of mask tokens"
                 + (", with a learned copy bias on the continued tokens' logits" if cfg.copy_bias is not None else "")
                 + ": `dflash_config.block_input`, read by dflash-jax; `dflash` loads the same tensors and "
                 "drafts from mask tokens."

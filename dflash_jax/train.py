@@ -36,7 +36,7 @@ from tqdm import tqdm
 from dflash_jax import checkpoint, data, dflash_format, pipeline
 from dflash_jax.decode import Decoder
 from dflash_jax.distributed import is_main
-from dflash_jax.drafter import DraftStep, init_drafter_params
+from dflash_jax.drafter import DraftStep, grow_copy_bias, init_drafter_params
 from dflash_jax.drafter_io import load_drafter, save_drafter
 from dflash_jax.errors import CheckpointError, ConfigError, DataError
 from dflash_jax.loss import LossSettings
@@ -187,7 +187,13 @@ class Trainer:
         # what fills the blocks is no parameter: a mask-token drafter may start an n-gram-input run
         # (a copy bias it lacks starts at the config's value)
         d = self.dcfg
-        inputs = dict(block_input=d.block_input, ngram_max=d.ngram_max, ngram_min=d.ngram_min, copy_bias=d.copy_bias)
+        inputs = dict(
+            block_input=d.block_input,
+            ngram_max=d.ngram_max,
+            ngram_min=d.ngram_min,
+            ngram_periodic=d.ngram_periodic,
+            copy_bias=d.copy_bias,
+        )
         upgrade = d.dflash2 and not cfg.dflash2  # a DFlash drafter starts a DFlash 2 run: its backbone
         if upgrade:  # the convolutions start as the identity and the selector at random (SPEC "DFlash 2")
             dflash2_fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -222,10 +228,15 @@ class Trainer:
                 'drafter.block_input="ngram") to continue it, or start from a drafter without one'
             )
         if "copy_bias" in loaded and np.shape(loaded["copy_bias"]) != np.shape(params["copy_bias"]):
-            raise ConfigError(
-                f"init_from {folder}: its copy-bias table is {np.shape(loaded['copy_bias'])}, this config's "
-                f"{np.shape(params['copy_bias'])} (ngram_max, block_size - 1); set drafter.ngram_max to match it"
-            )
+            have, want = np.shape(loaded["copy_bias"]), np.shape(params["copy_bias"])
+            if have[1:] != want[1:] or have[0] > want[0]:
+                raise ConfigError(
+                    f"init_from {folder}: its copy-bias table is {have}, this config's {want} (ngram_max, "
+                    f"block_size - 1); set drafter.ngram_max to {have[0]} or more"
+                )
+            # a longer ngram_max: the rows of the longer matches start at the config's value, as a
+            # table the drafter lacks does (its rows for the shorter ones are kept)
+            loaded = dict(loaded, copy_bias=grow_copy_bias(loaded["copy_bias"], d.ngram_max, d.copy_bias))
         return jax.tree.map(lambda a, b: np.asarray(b, a.dtype), params, loaded)
 
     # -- checkpoints

@@ -76,6 +76,8 @@ class DrafterSpec:
       block_input: what fills a block after its anchor: ``mask`` (DFlash) or ``ngram`` (the
         prompt-lookup continuation of the committed tokens, mask tokens where it ends).
       ngram_max, ngram_min: with ``ngram``: the n-gram lengths matched, longest first.
+      ngram_periodic: with ``ngram``: a continuation that reaches the anchor goes on with the
+        match's period (a loop continued) instead of mask tokens.
       copy_bias: with ``ngram``: the starting value of a learned logit bonus for the proposed
         token per matched length and offset (logit units); None: no bonus.
       conv_kernel_size: DFlash 2's grouped dynamic causal convolutions (0: DFlash, none).
@@ -96,6 +98,7 @@ class DrafterSpec:
     block_input: str = _DRAFTER["block_input"]
     ngram_max: int = _DRAFTER["ngram_max"]
     ngram_min: int = _DRAFTER["ngram_min"]
+    ngram_periodic: bool = _DRAFTER["ngram_periodic"]
     copy_bias: float | None = _DRAFTER["copy_bias"]
     conv_kernel_size: int = _DRAFTER["conv_kernel_size"]
     conv_group_size: int = _DRAFTER["conv_group_size"]
@@ -127,6 +130,10 @@ class DrafterSpec:
         _need(
             _is_int(self.ngram_max) and _is_int(self.ngram_min) and 1 <= self.ngram_min <= self.ngram_max,
             "drafter.ngram_min/ngram_max need 1 <= min <= max",
+        )
+        _need(
+            isinstance(self.ngram_periodic, bool) and (not self.ngram_periodic or self.block_input == "ngram"),
+            'drafter.ngram_periodic must be True or False, True only with drafter.block_input="ngram"',
         )
         _need(
             self.copy_bias is None or (_is_number(self.copy_bias) and self.block_input == "ngram"),
@@ -353,7 +360,8 @@ class TrainConfig:
       seed: seeds the drafter's initialisation, the held-out split, the data order and the anchors.
       data_shards: N: train on the first N shards only (a dataset still being extended); 0: all.
       init_from: a drafter folder whose weights start a fresh run (its config must match
-        ``drafter``); '': random initialisation.
+        ``drafter``; what fills its blocks may differ: a copy bias it lacks, or the rows of matches
+        longer than its ``ngram_max``, start at ``drafter.copy_bias``); '': random initialisation.
       init_grow: ``init_from``'s drafter may have fewer layers than ``drafter.num_layers``: its layers
         come first and each added layer starts as the identity (its attention and MLP output projections
         zero), so the run starts from exactly ``init_from``'s predictions (function-preserving growth, as
@@ -556,6 +564,7 @@ def drafter_config(c: TrainConfig, target: TargetConfig, tokenizer) -> DrafterCo
         block_input=d.block_input,
         ngram_max=d.ngram_max,
         ngram_min=d.ngram_min,
+        ngram_periodic=d.ngram_periodic,
         copy_bias=None if d.copy_bias is None else float(d.copy_bias),
     )
     if d.dflash2:

@@ -190,6 +190,11 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     assert back == cfg and back.copy_bias == 4.0
     np.testing.assert_array_equal(np.asarray(got["copy_bias"]), table)
     assert "copy_bias" not in dflash_format.config_json(dataclasses.replace(cfg, copy_bias=None))["dflash_config"]
+    # a periodic block input is written (only when on: earlier drafters' configs stay as they were) and read back
+    periodic = dataclasses.replace(cfg, ngram_periodic=True)
+    assert import_released(export_released(params, periodic, tmp_path / "p"))[1] == periodic
+    assert dflash_format.config_json(periodic)["dflash_config"]["ngram_periodic"] is True
+    assert "ngram_periodic" not in dflash_format.config_json(cfg)["dflash_config"]
     from dflash_jax.errors import ConfigError
 
     raw = dflash_format.config_json(cfg)

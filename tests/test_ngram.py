@@ -89,10 +89,10 @@ def test_proposals_follow_the_rule():
     assert min(seen.values()) >= 5, seen  # every kind of case was exercised
 
 
-def ref_matches(seq, k, nmax, nmin, count):
+def ref_occurrences(seq, nmax, nmin, count):
     """The ``count`` best earlier occurrences in plain Python: every end position ``e < s`` whose
     common suffix with ``seq`` has length ``m >= nmin`` (capped at ``nmax``), ordered by ``m`` then
-    ``e``, both descending; each ``(continuation, m)``."""
+    ``e``, both descending; each ``(m, e)``."""
     s = len(seq) - 1
     found = []
     for e in range(s):
@@ -101,8 +101,12 @@ def ref_matches(seq, k, nmax, nmin, count):
             m += 1
         if m >= nmin:
             found.append((m, e))
-    found.sort(reverse=True)
-    return [(seq[e + 1 : e + 1 + k], m) for m, e in found[:count]]
+    return sorted(found, reverse=True)[:count]
+
+
+def ref_matches(seq, k, nmax, nmin, count):
+    """``ref_occurrences``, each as ``(continuation, m)`` (cut where the committed sequence ends)."""
+    return [(seq[e + 1 : e + 1 + k], m) for m, e in ref_occurrences(seq, nmax, nmin, count)]
 
 
 def test_the_best_matches_follow_the_rule_and_the_first_is_prompt_lookups():
@@ -135,6 +139,41 @@ def test_the_best_matches_follow_the_rule_and_the_first_is_prompt_lookups():
     # more occurrences asked for than the buffer has positions: "1 2" occurred once before, then "1"
     cont, num, _ = ngram_matches(jnp.asarray([[1, 2, 1, 2]]), jnp.asarray([3]), 1, 2, 1, count=6)
     assert cont.shape == (1, 6, 1) and num.tolist() == [[1, 0, 0, 0, 0, 0]] and int(cont[0, 0, 0]) == 1
+
+
+def test_periodic_continuations_repeat_the_match_past_the_anchor():
+    """``ngram_matches(periodic=True)``: the same occurrences as SPEC's rule (``ref_occurrences``), each
+    continued for all ``k`` offsets with the match's period ``d = start - end`` (offset ``j + 1`` reads
+    ``end + 1 + j mod d``, a committed token); off, it is SPEC's rule."""
+    from dflash_jax.ngram import ngram_matches
+
+    rng = np.random.default_rng(7)
+    batch, span, k, count = 8, 30, 9, 3
+    looped = 0
+    fn = jax.jit(lambda t, s: ngram_matches(t, s, k, 4, 1, count, periodic=True))
+    for _ in range(10):
+        tokens = rng.integers(0, int(rng.choice([2, 3, 6])), (batch, span + k)).astype(np.int32)
+        starts = rng.integers(0, span, batch).astype(np.int32)
+        cont, num, matched = jax.device_get(fn(tokens, starts))
+        for b in range(batch):
+            s = int(starts[b])
+            seq = tokens[b, : s + 1].tolist()
+            found = ref_occurrences(seq, 4, 1, count)
+            for j in range(count):
+                if j >= len(found):
+                    assert num[b, j] == 0 and matched[b, j] == 0
+                    continue
+                m, e = found[j]
+                assert num[b, j] == k and matched[b, j] == m
+                assert cont[b, j].tolist() == [seq[e + 1 + i % (s - e)] for i in range(k)]
+                looped += s - e < k
+    assert looped > 0  # continuations that went past the anchor were checked
+    # "1 2 3" repeats with period 3: the loop goes on; SPEC's rule stops at the anchor
+    seq = jnp.asarray([[1, 2, 3, 1, 2, 3] + [7] * 6])  # 7: stale slots past the anchor, never read
+    cont, num, _ = ngram_matches(seq, jnp.asarray([5]), 5, 3, 1, periodic=True)
+    assert cont[0, 0].tolist() == [1, 2, 3, 1, 2] and int(num[0, 0]) == 5
+    cont, num, _ = ngram_matches(seq, jnp.asarray([5]), 5, 3, 1)
+    assert cont[0, 0, :3].tolist() == [1, 2, 3] and int(num[0, 0]) == 3
 
 
 def test_hand_made_cases():
@@ -443,8 +482,12 @@ def _accept_without_residual(key, draft, q, p, num_valid):
 
 def test_ngram_block_input_is_the_rule():
     """``drafter.block_tokens`` with ``block_input="ngram"``: the anchor, the rule's proposals, then
-    mask tokens; with "mask": the anchor and mask tokens only."""
+    mask tokens (with ``ngram_periodic``, the same match continued with its period); with "mask":
+    the anchor and mask tokens only."""
+    import dataclasses
+
     from dflash_jax.drafter import DrafterConfig, block_tokens
+    from dflash_jax.errors import ConfigError
 
     rng = np.random.default_rng(3)
     batch, span, bs, mask = 5, 30, 6, 1
@@ -472,11 +515,19 @@ def test_ngram_block_input_is_the_rule():
                 np.asarray(block_tokens(plain, anchor, starts, bs, None)),
                 np.concatenate([anchor[:, None], np.full((batch, bs - 1), mask)], 1),
             )
+            periodic = dataclasses.replace(dcfg, ngram_periodic=True)
+            looped = np.asarray(block_tokens(periodic, anchor, starts, bs, tokens))
             for b in range(batch):
-                want, _, _ = ref_propose(tokens[b, : starts[b] + 1].tolist(), bs - 1, nmax, nmin)
+                seq = tokens[b, : starts[b] + 1].tolist()
+                want, _, end = ref_propose(seq, bs - 1, nmax, nmin)
                 counts.add(len(want))
                 assert got[b].tolist() == [anchor[b], *want] + [mask] * (bs - 1 - len(want))
+                # periodic: the same occurrence, continued with its period past the anchor
+                go_on = [seq[end + 1 + i % (len(seq) - 1 - end)] for i in range(bs - 1)] if want else []
+                assert looped[b].tolist() == [anchor[b], *go_on] + [mask] * (bs - 1 - len(go_on))
     assert {0, bs - 1} <= counts and len(counts) > 2, counts  # none, full and cut continuations seen
+    with pytest.raises(ConfigError, match="ngram_periodic continues the n-gram block input"):
+        DrafterConfig.for_target(cfg, 1, bs, mask, ngram_periodic=True)
 
 
 def test_the_copy_bias_rewards_the_proposed_tokens():
@@ -520,8 +571,8 @@ def _copy_drafter(tgt, dcfg):
     return params, jax.tree_util.tree_map_with_path(copy, init_drafter_params(dcfg, seed=2))
 
 
-@pytest.mark.parametrize("verify_lengths", [None, (1, 3, 8)])
-def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
+@pytest.mark.parametrize("verify_lengths, periodic", [(None, False), ((1, 3, 8), False), ((1, 3, 8), True)])
+def test_an_ngram_input_drafter_is_lossless(target, verify_lengths, periodic):
     """A DFlash drafter fed the n-gram continuation as its block input and built to copy it: greedy
     output equals plain decoding, batch 4; with the whole block verified its rounds are exactly
     prompt lookup's (``expected_rounds``, mask tokens where the continuation ends), with a verify
@@ -530,7 +581,9 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths):
 
     tgt, _ = target
     bs, n_new, mask = 8, 30, 3
-    dcfg = DrafterConfig.for_target(tgt.cfg, num_layers=1, block_size=bs, mask_token_id=mask, block_input="ngram")
+    dcfg = DrafterConfig.for_target(
+        tgt.cfg, num_layers=1, block_size=bs, mask_token_id=mask, block_input="ngram", ngram_periodic=periodic
+    )
     params, dparams = _copy_drafter(tgt, dcfg)
     plain = Decoder(params, tgt.cfg)
     kw = dict(verify_lengths=verify_lengths, verify_costs=(1.0, 1.2, 2.0)) if verify_lengths else {}

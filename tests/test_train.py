@@ -931,9 +931,17 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     with_table = export_released(copy.params, copy.dcfg, tmp_path / "with_table")
     with pytest.raises(ConfigError, match="its drafter has a copy-bias table; set drafter.copy_bias"):
         Trainer(tiny_config(ck, folder, tmp_path / "f", f"init_from={with_table}"), log=lambda m: None)
-    with pytest.raises(ConfigError, match=r"its copy-bias table is \(4, 7\), this config's \(2, 7\)"):
+    with pytest.raises(ConfigError, match=r"its copy-bias table is \(4, 7\), this config's \(2, 7\).*to 4 or more"):
         extra2 = (*extra, "drafter.ngram_max=2")
         Trainer(tiny_config(ck, folder, tmp_path / "g", f"init_from={with_table}", *extra2), log=lambda m: None)
+    # a longer ngram_max: the loaded rows kept, the longer matches' rows at the config's copy_bias
+    learned = np.arange(28, dtype=np.float32).reshape(4, 7)
+    learned_table = export_released(dict(copy.params, copy_bias=learned), copy.dcfg, tmp_path / "learned")
+    extra3 = ("drafter.block_input=ngram", "drafter.copy_bias=30.0", "drafter.ngram_max=6")
+    longer = Trainer(tiny_config(ck, folder, tmp_path / "h", f"init_from={learned_table}", *extra3), log=lambda m: None)
+    np.testing.assert_array_equal(
+        np.asarray(longer.params["copy_bias"]), np.concatenate([learned, np.full((2, 7), 30.0, np.float32)])
+    )
     with pytest.raises(
         ConfigError, match='drafter.copy_bias must be None or a number, with drafter.block_input="ngram"'
     ):
