@@ -88,6 +88,9 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
             f"drafter config.json: block_size {top!r} at the top level but {inner!r} in dflash_config; "
             "make them agree (the reference reads dflash_config's)"
         )
+    periodic = dcfg.get("ngram_periodic", False)
+    if not isinstance(periodic, bool):
+        raise ConfigError(f"drafter config.json: dflash_config.ngram_periodic must be true or false, got {periodic!r}")
     extra = {}
     if dflash2:  # SPEC "DFlash 2": its fields, where the reference reads them
         extra = {k: number(k) for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")}
@@ -119,7 +122,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
         block_input=str(dcfg.get("block_input", "mask")),
         ngram_max=number("ngram_max", default=4),
         ngram_min=number("ngram_min", default=1),
-        ngram_periodic=bool(dcfg.get("ngram_periodic", False)),
+        ngram_periodic=periodic,
         copy_bias=None if dcfg.get("copy_bias") is None else number("copy_bias", float),
         **extra,
     )

@@ -43,12 +43,27 @@ def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, perio
     return dict(params, copy_bias=grown), cfg
 
 
+def new_rows_value(text: str) -> float | None:
+    """``--new-rows``: a number (logits), or ``repeat`` (None)."""
+    if text == "repeat":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number (logits) or 'repeat', got {text!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafter", help="an n-gram-input drafter folder with a copy-bias table")
     ap.add_argument("out", help="the folder to write (released format, float32)")
     ap.add_argument("--ngram-max", type=int, default=16, help="the longest suffix matched")
-    ap.add_argument("--new-rows", default="30", help="the added rows' value (logits), or 'repeat' (its last row)")
+    ap.add_argument(
+        "--new-rows",
+        type=new_rows_value,
+        default=30.0,
+        help="the added rows' value (logits), or 'repeat' (its last row)",
+    )
     ap.add_argument("--periodic", action="store_true", help="continue a continuation past the anchor (a loop)")
     ap.add_argument("--overwrite", action="store_true", help="replace a drafter folder already at OUT")
     args = ap.parse_args()
@@ -58,8 +73,7 @@ def main() -> None:
 
     try:
         params, cfg, identity = load_drafter(args.drafter)
-        new_rows = None if args.new_rows == "repeat" else float(args.new_rows)
-        params, cfg = with_longer_reach(params, cfg, args.ngram_max, new_rows, args.periodic)
+        params, cfg = with_longer_reach(params, cfg, args.ngram_max, args.new_rows, args.periodic)
         export_released(
             params,
             cfg,

@@ -201,6 +201,10 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     raw["dflash_config"]["copy_bias"] = True
     with pytest.raises(ConfigError, match="copy_bias must be a number, got True"):
         dflash_format.read_config(raw)
+    raw = dflash_format.config_json(periodic)
+    raw["dflash_config"]["ngram_periodic"] = "false"  # a string is no boolean (it would read as True)
+    with pytest.raises(ConfigError, match="ngram_periodic must be true or false, got 'false'"):
+        dflash_format.read_config(raw)
     DFlashDraftModel.from_pretrained(out, dtype=torch.float32)
 
 

@@ -154,6 +154,7 @@ def test_periodic_continuations_repeat_the_match_past_the_anchor():
     for _ in range(10):
         tokens = rng.integers(0, int(rng.choice([2, 3, 6])), (batch, span + k)).astype(np.int32)
         starts = rng.integers(0, span, batch).astype(np.int32)
+        tokens[np.arange(span + k) > starts[:, None]] = 99  # not committed yet: a read past the anchor shows
         cont, num, matched = jax.device_get(fn(tokens, starts))
         for b in range(batch):
             s = int(starts[b])
@@ -231,17 +232,20 @@ def target():
     return _Tiny(params, cfg), Decoder(params, cfg)
 
 
-def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=(), pad=None):
+def expected_rounds(seq, prompt_len, bs, max_new, nmax, nmin, stop_ids=(), pad=None, periodic=False):
     """Tokens committed per round by the rule when ``seq`` (prompt + the target's greedy tokens,
     at least ``prompt_len + max_new`` long) is what the target produces; with ``pad``, the draft
-    is filled up to the block with that token (a drafter that copies an n-gram block input)."""
+    is filled up to the block with that token (a drafter that copies an n-gram block input);
+    ``periodic``: a continuation that reaches the anchor goes on with the match's period."""
     limit = prompt_len + max_new
     start, rounds = prompt_len, []
     if seq[start] in stop_ids:
         return rounds
     while start + 1 < limit:
         v = min(bs, limit - start)
-        draft, _, _ = ref_propose(seq[: start + 1], bs - 1, nmax, nmin)
+        draft, _, end = ref_propose(seq[: start + 1], bs - 1, nmax, nmin)
+        if periodic and draft:
+            draft = [seq[end + 1 + i % (start - end)] for i in range(bs - 1)]
         if pad is not None:
             draft = draft + [pad] * (bs - 1 - len(draft))
         a = 0
@@ -509,6 +513,7 @@ def test_ngram_block_input_is_the_rule():
         for _ in range(10):
             tokens = rng.integers(2, 8, (batch, span + bs)).astype(np.int32)
             starts = rng.integers(0, span, batch).astype(np.int32)
+            tokens[np.arange(span + bs) > starts[:, None]] = 99  # a training sequence's future: never read
             anchor = tokens[np.arange(batch), starts]
             got = np.asarray(jax.jit(block_tokens, static_argnums=(0, 3))(dcfg, anchor, starts, bs, tokens))
             np.testing.assert_array_equal(
@@ -571,11 +576,12 @@ def _copy_drafter(tgt, dcfg):
     return params, jax.tree_util.tree_map_with_path(copy, init_drafter_params(dcfg, seed=2))
 
 
-@pytest.mark.parametrize("verify_lengths, periodic", [(None, False), ((1, 3, 8), False), ((1, 3, 8), True)])
+@pytest.mark.parametrize("verify_lengths, periodic", [(None, False), (None, True), ((1, 3, 8), False)])
 def test_an_ngram_input_drafter_is_lossless(target, verify_lengths, periodic):
     """A DFlash drafter fed the n-gram continuation as its block input and built to copy it: greedy
     output equals plain decoding, batch 4; with the whole block verified its rounds are exactly
-    prompt lookup's (``expected_rounds``, mask tokens where the continuation ends), with a verify
+    prompt lookup's (``expected_rounds``, mask tokens where the continuation ends; with
+    ``ngram_periodic``, the continuation going on with the match's period), with a verify
     length chosen per round (fixed costs, calibrated confidence) some of its drafts are accepted."""
     from dflash_jax.drafter import DrafterConfig, DraftStep
 
@@ -599,9 +605,47 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths, periodic):
         assert w.verify_widths == [1] * len(w.acceptance_lengths)  # plain decoding: one position a step
     if verify_lengths is None:
         free = [p + r.token_ids for p, r in zip(prompts, plain.generate(prompts, n_new + bs))]
-        for p, seq, g in zip(prompts, free, got):
-            assert g.acceptance_lengths == expected_rounds(seq, len(p), bs, n_new, 4, 1, pad=mask)
+        rule = [
+            expected_rounds(seq, len(p), bs, n_new, 4, 1, pad=mask, periodic=periodic) for p, seq in zip(prompts, free)
+        ]
+        assert [g.acceptance_lengths for g in got] == rule
+        if periodic:  # the loops' continuations went past the anchor: SPEC's rule predicts other rounds
+            assert rule != [expected_rounds(seq, len(p), bs, n_new, 4, 1, pad=mask) for p, seq in zip(prompts, free)]
     assert sum(a > 1 for g in got for a in g.acceptance_lengths) >= 10  # drafts were accepted
+
+
+def test_longer_reach_grows_the_copy_bias_table():
+    """experiments/longer_reach.py: the table keeps its rows and gains one per longer match length, at
+    the value given or as copies of its last row; the config reads longer matches (and, asked,
+    periodic continuations); a shorter reach or a drafter without a table is refused."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from longer_reach import new_rows_value, with_longer_reach
+
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.errors import ConfigError
+
+    cfg = hf_format.read_config(dict(__import__("helpers").TINY, model_type="qwen3", vocab_size=VG))
+    dcfg = DrafterConfig.for_target(cfg, 1, 6, 3, block_input="ngram", ngram_max=3, ngram_min=2, copy_bias=5.0)
+    table = np.arange(15, dtype=np.float32).reshape(3, 5)
+    params = dict(init_drafter_params(dcfg, seed=0), copy_bias=table)
+    got, cfg30 = with_longer_reach(params, dcfg, 5, 30.0, periodic=True)
+    np.testing.assert_array_equal(got["copy_bias"], np.concatenate([table, np.full((2, 5), 30.0, np.float32)]))
+    assert (cfg30.ngram_max, cfg30.ngram_min, cfg30.ngram_periodic) == (5, 2, True)
+    got, cfg_rep = with_longer_reach(params, dcfg, 5, None, periodic=False)
+    np.testing.assert_array_equal(got["copy_bias"], np.concatenate([table, table[-1:], table[-1:]]))
+    assert not cfg_rep.ngram_periodic
+    assert all(got[k] is params[k] for k in params if k != "copy_bias")  # the weights as they were
+    with pytest.raises(ConfigError, match="ngram_max 2 drops some"):
+        with_longer_reach(params, dcfg, 2, 30.0, periodic=False)
+    plain = DrafterConfig.for_target(cfg, 1, 6, 3)
+    with pytest.raises(ConfigError, match="no copy-bias table"):
+        with_longer_reach(init_drafter_params(plain, seed=0), plain, 5, 30.0, periodic=False)
+    assert (new_rows_value("repeat"), new_rows_value("12.5")) == (None, 12.5)
+    with pytest.raises(__import__("argparse").ArgumentTypeError, match="a number .* or 'repeat'"):
+        new_rows_value("lots")
 
 
 def test_a_mask_drafter_read_as_a_copy_drafter_drafts_prompt_lookup_then_itself(target):

@@ -937,15 +937,29 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     # a longer ngram_max: the loaded rows kept, the longer matches' rows at the config's copy_bias
     learned = np.arange(28, dtype=np.float32).reshape(4, 7)
     learned_table = export_released(dict(copy.params, copy_bias=learned), copy.dcfg, tmp_path / "learned")
-    extra3 = ("drafter.block_input=ngram", "drafter.copy_bias=30.0", "drafter.ngram_max=6")
+    # (and, as stage 9 did, a periodic block input: what fills the blocks is no parameter)
+    extra3 = (
+        "drafter.block_input=ngram",
+        "drafter.copy_bias=30.0",
+        "drafter.ngram_max=6",
+        "drafter.ngram_periodic=True",
+    )
     longer = Trainer(tiny_config(ck, folder, tmp_path / "h", f"init_from={learned_table}", *extra3), log=lambda m: None)
+    assert longer.dcfg.ngram_periodic and longer.dcfg.ngram_max == 6
     np.testing.assert_array_equal(
         np.asarray(longer.params["copy_bias"]), np.concatenate([learned, np.full((2, 7), 30.0, np.float32)])
     )
+    rest = {k: v for k, v in longer.params.items() if k != "copy_bias"}
+    for a, b in zip(jax.tree.leaves(rest), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     with pytest.raises(
         ConfigError, match='drafter.copy_bias must be None or a number, with drafter.block_input="ngram"'
     ):
         tiny_config(ck, folder, tmp_path / "e", "drafter.copy_bias=3.0")
+    with pytest.raises(
+        ConfigError, match='ngram_periodic must be True or False, True only with drafter.block_input="ngram"'
+    ):
+        tiny_config(ck, folder, tmp_path / "e", "drafter.ngram_periodic=True")
 
 
 def test_init_grow_adds_identity_layers_that_keep_the_drafters_predictions(trained, tiny, tmp_path):

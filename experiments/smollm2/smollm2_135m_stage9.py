@@ -1,12 +1,14 @@
 """Stage 9 of issue 38's long run for SmolLM2: stage 8 (the drafter shipped 2026-12-06, its float32 run
-``runs/long38_more/drafter``; the shipped bfloat16 folder where ``runs/`` is lost) continued with a longer reach
+``runs/long38_more/drafter``; where ``runs/`` is lost, its bfloat16 copy: add
+``init_from=assets/smollm2-135m-instruct-dflash-stage8``) continued with a longer reach
 for its block input: n-gram matches up to 16 tokens (``ngram_max`` 4 before), each length with its own row of the
 copy bias (the 12 new rows start at ``copy_bias``, 30: ``init_from`` grows the table), and continuations that go
 on past the anchor with the match's period (``ngram_periodic``: a loop continued). Measured before training
 (stage 8's weights read this way, ``experiments/study_tau.py`` on 40 answers a set, block 16): 3.56 / 3.47 /
-2.97 / 2.38 / 2.34 against stage 8's 3.52 / 3.33 / 2.86 / 2.37 / 2.29 (docs/BENCHMARKS.md, "A longer reach
+2.97 / 2.38 / 2.34 against stage 8's 3.52 / 3.33 / 2.86 / 2.36 / 2.29 (docs/BENCHMARKS.md, "A longer reach
 for the block input"). The rest is stage 8's recipe (``experiments/smollm2/smollm2_135m_long38.py``)
-with another data order (seed 2). Resumable:
+with another data order (seed 2; it also draws another held-out split, so its validation figures do not compare
+with stage 8's). Resumable:
 
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_stage9.py
 """
