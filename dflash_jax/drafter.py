@@ -240,11 +240,12 @@ def copy_prior(logits: Array, params, cfg: DrafterConfig, block: Array, num: Arr
     return logits + jnp.where(hit, jnp.where(proposed, bonus, 0.0)[..., None], 0.0).astype(logits.dtype)
 
 
-def grow_copy_bias(table, ngram_max: int, value: float) -> np.ndarray:
+def grow_copy_bias(table, ngram_max: int, value) -> np.ndarray:
     """A copy-bias table ``[n, block_size - 1]`` (``copy_bonus``) for matches up to ``ngram_max >= n``
-    tokens: its rows as they are, then a row per longer match length, each entry ``value`` (logits;
-    a training run's ``init_from`` passes ``drafter.copy_bias``, the value a table it lacks starts
-    at). float32 ``[ngram_max, block_size - 1]``.
+    tokens: its rows as they are, then a row per longer match length, each ``value`` (logits: a number
+    for every entry, as a training run's ``init_from`` passes ``drafter.copy_bias``, the value a table
+    it lacks starts at; or one row ``[block_size - 1]`` each added row copies). float32
+    ``[ngram_max, block_size - 1]``.
 
     Raises:
       ConfigError: ``ngram_max`` below the table's rows.

@@ -227,8 +227,8 @@ class Trainer:
                 f"init_from {folder}: its drafter has a copy-bias table; set drafter.copy_bias (and "
                 'drafter.block_input="ngram") to continue it, or start from a drafter without one'
             )
-        if "copy_bias" in loaded and np.shape(loaded["copy_bias"]) != np.shape(params["copy_bias"]):
-            have, want = np.shape(loaded["copy_bias"]), np.shape(params["copy_bias"])
+        have, want = np.shape(loaded.get("copy_bias")), np.shape(params.get("copy_bias"))
+        if "copy_bias" in loaded and have != want:
             if have[0] > want[0]:  # its block size is this config's (checked above): the rows differ
                 raise ConfigError(
                     f"init_from {folder}: its copy-bias table is {have}, this config's {want} (ngram_max, "

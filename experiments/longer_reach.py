@@ -36,9 +36,7 @@ def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, perio
     if cfg.copy_bias is None:
         raise ConfigError("the drafter has no copy-bias table (block_input='ngram' with copy_bias)")
     table = np.asarray(params["copy_bias"], np.float32)
-    grown = grow_copy_bias(table, ngram_max, 0.0 if new_rows is None else new_rows)
-    if new_rows is None:
-        grown[table.shape[0] :] = table[-1]
+    grown = grow_copy_bias(table, ngram_max, table[-1] if new_rows is None else new_rows)
     cfg = dataclasses.replace(cfg, ngram_max=ngram_max, ngram_periodic=periodic)
     return dict(params, copy_bias=grown), cfg
 
