@@ -293,7 +293,7 @@ def summarise(records: Sequence[dict], arm: int | str) -> dict:
 
 
 # Arms compared prompt by prompt when both were measured: (arm, against)
-PAIRED = (("default", "chains"),)
+PAIRED = (("default", "chains"), ("default", "ungated"))
 
 
 def paired(records: Sequence[dict], arm: str, against: str) -> dict:

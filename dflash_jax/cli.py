@@ -105,6 +105,15 @@ def _add_speculation(p) -> None:
         "drafter on a CPU, greedy: 7 nodes), chains elsewhere. Not for Gated DeltaNet targets (Qwen3.5)",
     )
     p.add_argument(
+        "--draft-gate",
+        default="auto",
+        choices=["on", "off", "auto"],
+        help="a prompt drafts only while its drafted rounds commit more tokens per unit of cost than plain steps "
+        "would, and takes plain steps otherwise, drafting now and then to look again (lossless); auto: on when "
+        "sampling on a CPU at the default verify lengths (where sampled drafts of which little is accepted cost "
+        "more than they commit), off elsewhere",
+    )
+    p.add_argument(
         "--calibrate",
         default="on",
         choices=["on", "off"],
@@ -121,6 +130,7 @@ def _check_speculation(args) -> None:
             args.drafter, args.ngram_max, args.ngram_min, args.verify_lengths, args.draft_vocab, block
         )
         speculation.parse_tree(args.tree)
+        speculation.parse_draft_gate(getattr(args, "draft_gate", "auto"))
     except (ValueError, DFlashError) as e:
         sys.exit(f"error: {e}")
 
@@ -164,6 +174,7 @@ def _plan(args, ck, tok, drafter=None, **overrides):
         draft_vocab=args.draft_vocab,
         seed=getattr(args, "seed", 0),
         tree=args.tree,
+        draft_gate=getattr(args, "draft_gate", "auto"),
         # --tree auto: a tree for greedy decoding only (serve has no --temperature: its one plan is the greedy
         # one, and it stays lossless for a request that samples)
         sampled=getattr(args, "temperature", 0.0) > 0,
@@ -492,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup, "
         "--verify-lengths and --tree, at generate's default block (not --block-size; with --drafter auto on a CPU, "
         "greedy: the shipped drafter's 7-node tree with prompt lookup's branches at block 8, --tree auto); where "
-        "that is a tree, also the same settings without trees (row 'chains'), interleaved with it",
+        "that is a tree, also the same settings without trees (row 'chains'), and where it has a draft gate, the "
+        "same drafting every round (row 'ungated'), each interleaved with it",
     )
 
     d = sub.add_parser(
@@ -1012,6 +1024,9 @@ def cmd_bench(args) -> None:
         if getattr(plans["default"].step, "tree_size", 0):  # and the same without trees, interleaved with it
             arms.append("chains")
             plans["chains"] = _plan(args, ck, tok, drafter, block_size=None, tree="off")
+        if plans["default"].draft_gate:  # and the same drafting every round, interleaved with it
+            arms.append("ungated")
+            plans["ungated"] = _plan(args, ck, tok, drafter, block_size=None, draft_gate="off")
     plain = Decoder(ck.params, ck.cfg, sampling=sampling)
     spec = {arm: Decoder(ck.params, ck.cfg, plan, sampling=sampling) for arm, plan in plans.items()}
     settings = {
@@ -1027,10 +1042,14 @@ def cmd_bench(args) -> None:
                     "verify_lengths": args.verify_lengths,
                     "calibrate": args.calibrate,
                     # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8; v5 (sampled only): the
-                    # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged)
-                    "code": "speculation_for v4" if sampling.greedy else "speculation_for v5",
+                    # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged);
+                    # v6: with a draft gate (sampled on a CPU, --draft-gate auto)
+                    "code": "speculation_for v4"
+                    if sampling.greedy
+                    else f"speculation_for v{6 if plans['default'].draft_gate else 5}",
                     "runs": plans["default"].label,
                     "block_size": plans["default"].block_size,
+                    **({"draft_gate": args.draft_gate} if plans["default"].draft_gate else {}),
                 }
             }
             if "default" in arms

@@ -78,6 +78,7 @@ class LoopShape:
     max_rounds: int  # size of the per-round acceptance record
     verify_lengths: tuple[int, ...] = ()  # compiled verify lengths to choose from per round (() = block_size)
     calibrate: bool = True  # with verify_lengths: correct the step's confidence per row online (``calibrate``)
+    draft_gate: bool = False  # a row drafts only while its drafted rounds pay for their cost (``gate_drafts``)
 
 
 class LoopState(NamedTuple):
@@ -92,6 +93,7 @@ class LoopState(NamedTuple):
     key: Array  # [B] PRNG keys (used only when sampling)
     calibration: Array  # [B, CALIBRATION_BINS, 2] float32: draft tokens checked / accepted (``calibrate``)
     verified: Array  # [B, max_rounds] positions the target verified per round (the batch's verify width)
+    gate: Array  # [B, 3] float32: the draft gate's record (``gate_drafts``; unused without ``draft_gate``)
 
 
 def _row_slice(x: Array, start: Array, size: int) -> Array:
@@ -205,6 +207,42 @@ def update_node_calibration(stats: Array, node_p: Array, checked: Array, accepte
     return stats + jnp.stack([jnp.einsum("bkn,bk->bn", onehot, seen), jnp.einsum("bkn,bk->bn", onehot, hit)], -1)
 
 
+# The draft gate (``LoopShape.draft_gate``): per row, a decayed record of what its drafted rounds
+# committed and cost, in plain steps (a verify of one token). A round drafts for a row while that
+# record shows more than one token per plain step, and after GATE_EXPLORE plain rounds in a row
+# anyway, so that the record follows the text (a loop starting late in an answer). The record starts
+# at GATE_PRIOR (tokens, cost): a new row drafts.
+GATE_DECAY = 0.9
+GATE_EXPLORE = 8
+GATE_PRIOR = (2.0, 1.0)
+
+
+def initial_gate(batch: int) -> Array:
+    """float32 ``[batch, 3]``: a new row's draft-gate record (tokens, cost, plain rounds since it drafted)."""
+    return jnp.broadcast_to(jnp.asarray([*GATE_PRIOR, 0.0], jnp.float32), (batch, 3))
+
+
+def gate_drafts(gate: Array, active: Array) -> Array:
+    """bool ``[B]``: the rows that draft this round (``LoopShape.draft_gate``): active rows whose
+    drafted rounds committed at least one token per plain step of cost (``gate [B, 3]``: decayed
+    tokens, decayed cost, plain rounds since the row last drafted), or that took ``GATE_EXPLORE``
+    plain rounds in a row. A row's record holds its own rounds only, so its choice (and output)
+    never depends on the batch; a row that does not draft commits one token from the target, so
+    the output stays lossless whatever the gate chooses (greedy: identical to plain decoding)."""
+    return active & ((gate[:, 0] >= gate[:, 1]) | (gate[:, 2] >= GATE_EXPLORE))
+
+
+def update_gate(gate: Array, drafted: Array, active: Array, produced: Array, cost: Array) -> Array:
+    """``gate`` after a round: a row that ``drafted`` adds the tokens it committed (``produced [B]``)
+    and the round's cost for it (``cost [B]``, plain steps: the draft and its own verify width) to its
+    decayed record (``GATE_DECAY``) and resets its plain-round count; an active row that did not draft
+    counts one more plain round."""
+    decayed = GATE_DECAY * gate[:, :2] + jnp.stack([produced.astype(jnp.float32), cost], axis=1)
+    record = jnp.where(drafted[:, None], decayed, gate[:, :2])
+    streak = jnp.where(drafted, 0.0, gate[:, 2] + active)
+    return jnp.concatenate([record, streak[:, None]], axis=1)
+
+
 def prefill(
     target_params,
     drafter_params,
@@ -263,6 +301,7 @@ def prefill(
         key,
         jnp.zeros((b, CALIBRATION_BINS, 2), jnp.float32),
         jnp.zeros((b, shape.max_rounds), jnp.int32),
+        initial_gate(b),
     )
 
 
@@ -385,6 +424,10 @@ def decode_loop(
 ) -> LoopState:
     """Speculative rounds until every sequence is done: one ``lax.while_loop``.
 
+    ``verify_costs``: float32 ``[len(shape.verify_lengths)]`` (``[1]`` with one length), a round's
+    cost at each verify length; with ``shape.draft_gate`` one more entry, the draft's cost, all in
+    units of the shortest verify (``Decoder.costs_for``).
+
     ``exit_at``: optional int32 scalar: return as soon as ``exit_at`` rows are done (finished or
     empty), so that the host can hand their slots new prompts (``insert``, ``Decoder.as_completed``);
     rows carry on where they stopped when the loop is called again. None (or more than the batch):
@@ -393,31 +436,96 @@ def decode_loop(
     ``on_round``: optional host function ``(new [B, block] int32, produced [B] int32) -> None``
     called after every round through an ordered ``io_callback`` (streaming): row ``b``
     committed ``new[b, :produced[b]]`` this round.
+
+    With ``shape.draft_gate`` a round drafts only for the rows ``gate_drafts`` picks; when it picks
+    none, the round is a plain step (``lax.cond``): the target on the anchor alone, no draft.
     """
     bs = shape.block_size
     offsets = jnp.arange(bs, dtype=jnp.int32)
     lengths = shape.verify_lengths or (bs,)
     taps = drafter.tap_layers if drafter is not None else ()
+    gated = shape.draft_gate and drafter is not None
+    if gated and (len(lengths) < 2 or lengths[0] != 1):
+        raise ValueError(f"a draft gate needs verify lengths starting at 1 (a plain step); got {lengths}")
+    draft_cost = verify_costs[-1] if gated else None
+    verify_costs = verify_costs[: len(lengths)]
 
     verify_kw = dict(cfg=cfg, taps=taps, sampling=sampling)
 
     def verify(length: int, block: Array, start: Array, cache):
         return verify_block(target_params, block, start, cache, length, **verify_kw)
 
-    def round_(s: LoopState) -> LoopState:
+    def commit(s: LoopState, block, a, bonus, feats, tcache, calibration, width, gate) -> LoopState:
+        """Step 4: write ``block[1..a]`` and the bonus token ``bonus [B, 1]`` after each anchor, stop at a
+        stop token or the length limit, and move the drafter's context and the round records on."""
+        active = ~s.done
+        new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
+        produced = jnp.minimum(a + 1, s.limit - s.start - 1)
+        stops = _is_stop(new, stop_ids) & (offsets < produced[:, None])
+        first_stop = jnp.argmax(stops, axis=1)
+        hit = jnp.any(stops, axis=1)
+        produced = jnp.where(hit, first_stop + 1, produced)
+        produced = jnp.where(active, produced, 0)
+        tokens = _row_write(
+            s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs))
+        )
+        dcache = s.drafter_cache
+        if drafter is not None:  # slots >= the new start are masked later
+            dcache = drafter.write_context(drafter_params, dcache, feats, s.start)
+        if on_round is not None:
+            jax.experimental.io_callback(on_round, None, new, produced, ordered=True)
+        tcache = commit_cache(tcache, produced)  # recurrent layers keep the committed tokens only (rollback)
+        start = s.start + produced
+        done = s.done | hit | (start + 1 >= s.limit)
+        this_round = active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None])
+        accepted = jnp.where(this_round, produced[:, None], s.accepted)
+        verified = jnp.where(this_round, width, s.verified)
+        rounds = s.rounds + active
+        if gated:
+            drafted, cost = gate
+            gate = update_gate(s.gate, drafted, active, produced, cost)
+        else:
+            gate = s.gate
+        return LoopState(
+            tokens, start, s.limit, done, tcache, dcache, rounds, accepted, s.key, calibration, verified, gate
+        )
+
+    def plain_round(s: LoopState, drafts: Array) -> LoopState:
+        """A round in which no row drafts (``gate_drafts``): the target on each anchor, one token each,
+        drawn as a drafted round draws a row's token when it checks no draft (so a row's output does
+        not depend on whether the rest of its batch drafted)."""
+        del drafts
+        block = _row_slice(s.tokens, s.start, bs)
+        out, feats, tcache = verify(1, block, s.start, s.target_cache)
+        if sampling.greedy:
+            bonus = out[:, :1]
+        else:
+            _, k_accept = _row_keys(s.key, s.rounds + 1)
+            if getattr(drafter, "tree_size", 0):  # as verify_tree draws the anchor's slot
+                keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(k_accept)
+            else:  # as sampling.accept draws the bonus token after no draft token
+                keys = jax.vmap(lambda k: jax.random.split(k)[1])(k_accept)
+            bonus = jax.vmap(sample)(keys, out[:, 0])[:, None]
+        if feats is not None:
+            feats = feats[:, :1]
+        a = jnp.zeros_like(s.start)
+        no_draft = (jnp.zeros_like(s.done), jnp.zeros(s.start.shape, jnp.float32))
+        return commit(s, block, a, bonus, feats, tcache, s.calibration, jnp.int32(1), no_draft)
+
+    def draft_round(s: LoopState, drafts: Array) -> LoopState:
+        """Steps 1-4 with rows ``drafts [B]`` drafting (the others check no draft token)."""
         active = ~s.done
         block = _row_slice(s.tokens, s.start, bs)  # anchor, then stale slots the draft overwrites
         verify_size = jnp.minimum(bs, s.limit - s.start)  # the last block shrinks at the length limit
-        dcache = s.drafter_cache
         k_draft, k_accept = _row_keys(s.key, s.rounds + 1)
         q, conf, num_valid, tree = None, None, verify_size - 1, None  # draft offsets 1 .. num_valid can be accepted
         if drafter is not None:
             # a finished (or padding) row drafts nothing: block_valid 1 (the anchor alone) lets a step skip it
-            valid = jnp.where(active, verify_size, 1)
+            valid = jnp.where(drafts, verify_size, 1)
             draft = drafter.propose(
                 drafter_params,
                 target_params,
-                dcache,
+                s.drafter_cache,
                 block[:, 0],
                 s.start,
                 valid,
@@ -432,15 +540,18 @@ def decode_loop(
                 )
             q, conf = draft.q, draft.confidence
             num_valid = jnp.minimum(num_valid, draft.num)  # the step may have fewer real tokens than the block
+            num_valid = jnp.where(drafts, num_valid, 0)  # a row the gate stops checks no draft token
             block = block.at[:, 1:].set(draft.tokens)
             tree = draft.tree
         calibration = s.calibration
+        row_index = jnp.zeros_like(s.start)  # each row's own verify length or width, as an index into lengths
         if tree is not None:  # verify the tree (or its best part), walk it, move the accepted path into place
-            tree = tree._replace(valid=tree.valid & active[:, None])  # a finished row verifies its anchor only
+            tree = tree._replace(valid=tree.valid & drafts[:, None])  # a row that does not draft: its anchor only
             if len(lengths) > 1:  # verify as many of the best nodes as pay for themselves (choose_tree_width)
                 node_p = node_probability(tree)
                 trusted = calibrate(node_p, calibration) if shape.calibrate else node_p
                 choice, row_widths = choose_tree_width(path_probability(tree, trusted), active, lengths, verify_costs)
+                row_index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), row_widths)
                 tree = tree._replace(valid=tree.valid & (jnp.arange(tree.tokens.shape[1]) < row_widths[:, None] - 1))
                 args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
                 branches = [partial(verify_tree_width, width=w, **verify_kw) for w in lengths]
@@ -466,6 +577,7 @@ def decode_loop(
         elif len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
             trusted = calibrate(conf, calibration) if shape.calibrate else conf
             choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs)
+            row_index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), row_lengths)
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
             branches = [partial(verify, length) for length in lengths]
             out, feats, tcache = jax.lax.switch(choice, branches, block, s.start, s.target_cache)
@@ -488,30 +600,14 @@ def decode_loop(
         if tree is None and len(lengths) > 1 and shape.calibrate:
             checked = jnp.where(active, num_valid, 0)
             calibration = update_calibration(calibration, conf, a, jnp.maximum(checked, 0))
-        new = jnp.where(offsets < a[:, None], jnp.roll(block, -1, axis=1), bonus)  # positions start+1 ..
-        produced = jnp.minimum(a + 1, s.limit - s.start - 1)
-        stops = _is_stop(new, stop_ids) & (offsets < produced[:, None])
-        first_stop = jnp.argmax(stops, axis=1)
-        hit = jnp.any(stops, axis=1)
-        produced = jnp.where(hit, first_stop + 1, produced)
-        produced = jnp.where(active, produced, 0)
-        tokens = _row_write(
-            s.tokens, s.start + 1, jnp.where(active[:, None], new, _row_slice(s.tokens, s.start + 1, bs))
-        )
-        if drafter is not None:
-            dcache = drafter.write_context(
-                drafter_params, dcache, feats, s.start
-            )  # slots >= new start are masked later
-        if on_round is not None:
-            jax.experimental.io_callback(on_round, None, new, produced, ordered=True)
-        tcache = commit_cache(tcache, produced)  # recurrent layers keep the committed tokens only (rollback)
-        start = s.start + produced
-        done = s.done | hit | (start + 1 >= s.limit)
-        this_round = active[:, None] & (jnp.arange(shape.max_rounds) == s.rounds[:, None])
-        accepted = jnp.where(this_round, produced[:, None], s.accepted)
-        verified = jnp.where(this_round, width, s.verified)
-        rounds = s.rounds + active
-        return LoopState(tokens, start, s.limit, done, tcache, dcache, rounds, accepted, s.key, calibration, verified)
+        cost = draft_cost + verify_costs[row_index] if gated else None  # each row's own round, in plain steps
+        return commit(s, block, a, bonus, feats, tcache, calibration, width, (drafts, cost))
+
+    def round_(s: LoopState) -> LoopState:
+        if not gated:
+            return draft_round(s, ~s.done)
+        drafts = gate_drafts(s.gate, ~s.done)
+        return jax.lax.cond(jnp.any(drafts), draft_round, plain_round, s, drafts)
 
     def cond(s: LoopState):
         go = jnp.any(~s.done) & jnp.all(s.rounds < shape.max_rounds)
@@ -656,8 +752,11 @@ class Decoder:
             )
         self.verify_lengths = plan.verify_lengths if plan is not None else ()
         self.calibrate = plan.calibrate if plan is not None else True
+        self.draft_gate = plan.draft_gate if plan is not None else False
         self._measure = bool(self.verify_lengths) and plan.verify_costs is None
         self.verify_costs = (plan.verify_costs or ()) if plan is not None else ()
+        if self.draft_gate and not self._measure:  # make_plan gives both or neither
+            self.verify_costs = (*self.verify_costs, plan.draft_cost)
         self._compiled: dict[tuple, tuple] = {}
         self._measured: dict[tuple, tuple[float, ...]] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
@@ -671,13 +770,22 @@ class Decoder:
         need = max(prompt_lens) + max_new_tokens + max(self.block_size, self.tree_size + 1)  # a round writes a block
         cache_len = max(-(-need // 256) * 256, p)
         max_rounds = max_new_tokens  # every round commits at least one token
+        lengths = self.verify_lengths
         return LoopShape(
-            bucket(len(prompt_lens), 1), p, cache_len, self.block_size, max_rounds, self.verify_lengths, self.calibrate
+            bucket(len(prompt_lens), 1),
+            p,
+            cache_len,
+            self.block_size,
+            max_rounds,
+            lengths,
+            self.calibrate,
+            self.draft_gate,
         )
 
     def costs_for(self, shape: LoopShape) -> np.ndarray:
         """float32 ``[len(verify_lengths)]`` (``[1]`` when there is one length): the round costs the
-        loop chooses with, an argument of the compiled loop (so new timings never recompile it)."""
+        loop chooses with, an argument of the compiled loop (so new timings never recompile it); with
+        a draft gate (``Plan.draft_gate``) one more, the draft's cost, in the same unit."""
         if not self.verify_lengths:
             return np.ones((1,), np.float32)
         costs = self.measure_verify_costs(shape.batch, shape.cache_len) if self._measure else self.verify_costs
@@ -685,7 +793,9 @@ class Decoder:
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
-        each of ``verify_lengths``, in units of the shortest; measured once per machine and shape and
+        each of ``verify_lengths``, in units of the shortest, and with a draft gate (``Plan.draft_gate``)
+        the draft after them (``_timed_draft``: the step's proposal and, sampling a chain, the rejection
+        rule); measured once per machine and shape and
         kept, in this object and in a file (``verify_costs_path``, keyed by ``cost_key``: the next
         process reads them instead of timing again; an entry that is not one finite positive cost
         per length is timed again), and never part of what is compiled (``costs_for``). Delete the
@@ -699,7 +809,8 @@ class Decoder:
         key = (batch, cache_len)
         if key in self._measured:
             return self._measured[key]
-        stored = _valid_costs(read_verify_costs().get(self.cost_key(batch, cache_len)), len(self.verify_lengths))
+        n = len(self.verify_lengths)
+        stored = _valid_costs(read_verify_costs().get(self.cost_key(batch, cache_len)), n + self.draft_gate)
         if stored is not None:
             self._measured[key] = stored
             return stored
@@ -723,24 +834,51 @@ class Decoder:
 
         cache, block = init_cache(self.cfg, batch, cache_len), jnp.zeros((batch, self.block_size), jnp.int32)
         fn = jax.jit(verify).lower(self.params, cache, block, jnp.int32(0)).compile()
-        runs = np.zeros((repeats + 1, len(self.verify_lengths)))
+        timed = [partial(fn, self.params, cache, block, jnp.int32(index)) for index in range(n)]
+        if self.draft_gate:
+            timed.append(self._timed_draft(batch, cache_len))
+        runs = np.zeros((repeats + 1, len(timed)))
         for r in range(repeats + 1):  # round-robin over the lengths: a slow spell hits them all alike
-            for index in range(len(self.verify_lengths)):
+            for index, run in enumerate(timed):
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(self.params, cache, block, jnp.int32(index)))
+                jax.block_until_ready(run())
                 runs[r, index] = time.perf_counter() - t0
         times = np.median(runs[1:], axis=0).tolist()  # the first pass warms up
         costs = [round(t / times[0], 2) for t in times]
-        for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
+        for i in range(1, n):  # never cheaper when longer (timing noise)
             costs[i] = max(costs[i], costs[i - 1])
         self._measured[key] = tuple(costs)
         write_verify_costs(self.cost_key(batch, cache_len), self._measured[key])
         return self._measured[key]
 
+    def _timed_draft(self, batch: int, cache_len: int):
+        """A compiled draft as a round runs it, ready to time: ``propose`` on ``batch`` rows at position 0
+        of a token buffer that never repeats an n-gram (so a step that reads prompt lookup runs its drafter
+        too) and, sampling a chain, ``accept`` against uniform target probabilities."""
+        bs, v = self.block_size, self.cfg.vocab_size
+        step, sampling = self.drafter, self.sampling
+        start = jnp.zeros((batch,), jnp.int32)
+        tokens = jnp.broadcast_to(
+            (jnp.arange(cache_len + bs, dtype=jnp.int32) * 7919 + 13) % v, (batch, cache_len + bs)
+        )
+        keys = jax.vmap(jax.random.key)(start)
+        p = None if sampling.greedy or self.tree_size else jnp.full((batch, bs, v), 1.0 / v, jnp.float32)
+
+        def draft(params, target_params, cache, tokens, keys, p):
+            valid = jnp.full((batch,), bs, jnp.int32)
+            d = step.propose(
+                params, target_params, cache, tokens[:, 0], start, valid, bs, tokens=tokens, key=keys, sampling=sampling
+            )
+            return d if p is None else (d, accept(keys, d.tokens, d.q, p, d.num))
+
+        args = (self.drafter_params, self.params, step.init_cache(batch, cache_len), tokens, keys, p)
+        return partial(jax.jit(draft).lower(*args).compile(), *args)
+
     def cost_key(self, batch: int, cache_len: int) -> str:
         """What a verify's measured cost depends on, as one string: the machine (backend, device kind
         and count, processor model, the CPUs this process may use, XLA's flags, the jax version), the
-        target's config, the mesh, the taps, the sampling settings, the shape and the verify lengths."""
+        target's config, the mesh, the taps, the sampling settings, the shape and the verify lengths;
+        with a draft gate, the draft step too."""
         device = jax.devices()[0]
         machine = (
             jax.default_backend(),
@@ -756,6 +894,8 @@ class Decoder:
             self.tree_size
         )
         what = (machine, repr(self.cfg), taps, repr(self.sampling), shape)
+        if self.draft_gate:
+            what += (("draft", repr(self.drafter), self.block_size),)
         return json_sha256(what, 32)
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
@@ -829,7 +969,7 @@ class Decoder:
             donate_argnums=(2,),
             out_shardings=pre_c.output_shardings,  # the state as it came in: the loop can be called on it again
         )  # its arguments: params, drafter params, state, stop ids, verify costs, exit_at
-        costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1),), jnp.float32)
+        costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1) + shape.draft_gate,), jnp.float32)
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop), costs, i32()).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0

@@ -66,6 +66,11 @@ TREE_LOOKUP_BRANCHES = 3
 # verifies chains until a tree is measured faster there.
 CPU_TREE_BUDGET = 7
 
+# Sampled decoding drafts at a loss on a CPU when little is accepted: with the drafter shipped then
+# (stage 8) at temperature 1, the defaults ran at 0.61-1.04x plain decoding on 8 GSM8K prompts (tau
+# 1.4-1.9), each round paying for a draft of which little is accepted (docs/JOURNAL.md, fifth session).
+# ``--draft-gate auto`` lets such a row take plain steps there (``decode.gate_drafts``); greedy rounds
+# choose their verify length from the draft they hold and keep drafting every round.
 # What --drafter takes besides a folder.
 DRAFTER_NAMES = ("auto", "none", "random", "ngram")
 
@@ -85,6 +90,11 @@ class Plan:
       calibrate: with verify lengths, correct the step's confidence per row from the acceptance
         its earlier rounds saw (``decode.calibrate``).
       label: words for people and logs (e.g. "DFlash 2 over 8192 tokens + prompt lookup").
+      draft_gate: a row drafts only while its drafted rounds commit more tokens per unit of cost than
+        plain steps would, and takes plain steps otherwise, drafting now and then to look again
+        (``decode.gate_drafts``; needs verify lengths starting at 1).
+      draft_cost: with ``draft_gate``, a draft's cost in the unit of ``verify_costs`` (given with them);
+        ``None``: measured with them.
     """
 
     step: Any
@@ -94,11 +104,14 @@ class Plan:
     verify_costs: tuple[float, ...] | None = None
     calibrate: bool = True
     label: str = ""
+    draft_gate: bool = False
+    draft_cost: float | None = None
 
     def describe(self) -> str:
-        """One line for logs: the label, the block size and the verify lengths."""
+        """One line for logs: the label, the block size, the verify lengths and the draft gate."""
         lengths = ", ".join(map(str, self.verify_lengths)) if self.verify_lengths else "the block"
-        return f"{self.label}, block size {self.block_size}, verify lengths {lengths}"
+        gate = ", draft gate on" if self.draft_gate else ""
+        return f"{self.label}, block size {self.block_size}, verify lengths {lengths}{gate}"
 
 
 def parse_verify_lengths(value: str | Sequence[int] | None) -> str | tuple[int, ...] | None:
@@ -165,6 +178,8 @@ def make_plan(
     calibrate: bool = True,
     backend: str | None = None,
     label: str | None = None,
+    draft_gate: bool = False,
+    draft_cost: float | None = None,
 ) -> Plan:
     """The plan that drafts with ``step`` (``steps``; ``params`` its parameters).
 
@@ -182,10 +197,14 @@ def make_plan(
       calibrate: see ``Plan``.
       backend: ``jax.default_backend()`` unless given (``"cpu"``, ``"gpu"``, ``"tpu"``).
       label: see ``Plan``; default the step's class name.
+      draft_gate, draft_cost: see ``Plan``; ``draft_cost`` goes with ``verify_costs`` (both given, or
+        both measured).
 
     Raises:
       ValueError: a block size outside ``[2, step.max_block_size]``, verify lengths outside
-        ``[1, block size]`` or malformed, or costs that are not one positive number per length.
+        ``[1, block size]`` or malformed, or costs that are not one positive number per length; a
+        draft gate without verify lengths starting at 1, or a draft cost without verify costs (or
+        the other way round).
     """
     backend = backend or jax.default_backend()
     limit = step.max_block_size
@@ -218,6 +237,17 @@ def make_plan(
         if len(costs) != len(lengths) or not all(0 < c < float("inf") for c in costs):
             raise ValueError(f"verify costs {list(costs)} must give one positive cost per verify length {lengths}")
     several = len(lengths) > 1
+    if draft_gate:
+        if not several or lengths[0] != 1:
+            raise ValueError(
+                f"a draft gate takes plain steps, a verify of length 1: pass verify lengths that start at 1 (such as "
+                f"auto on a CPU, or 1,4,{full}); got {lengths}"
+            )
+        if (costs is None) != (draft_cost is None) or draft_cost is not None and not 0 < draft_cost < float("inf"):
+            raise ValueError(
+                f"draft cost {draft_cost} with verify costs {costs}: give a positive draft cost with the verify costs, "
+                "or neither (both measured)"
+            )
     return Plan(
         step,
         params,
@@ -226,6 +256,8 @@ def make_plan(
         costs if several else None,
         bool(calibrate),
         label or type(step).__name__,
+        bool(draft_gate),
+        float(draft_cost) if draft_gate and draft_cost is not None else None,
     )
 
 
@@ -325,6 +357,21 @@ def parse_tree(value: int | str | None) -> int | str:
     return budget
 
 
+def parse_draft_gate(value: bool | str | None) -> bool | str:
+    """``--draft-gate`` as ``plan_for`` takes it: ``"on"``/True, ``"off"``/False/None, or ``"auto"``.
+
+    Raises:
+      ValueError: anything else.
+    """
+    if value in (True, "on"):
+        return True
+    if value in (None, False, "off"):
+        return False
+    if value == "auto":
+        return "auto"
+    raise ValueError(f"--draft-gate takes on, off or auto; got {value!r}")
+
+
 def ngram_confidence(ngram_max: int) -> tuple[tuple[float, float], ...]:
     """``NGRAM_CONFIDENCE`` for suffix lengths 1..ngram_max (lengths past 4 take length 4's)."""
     return tuple(NGRAM_CONFIDENCE[min(n, len(NGRAM_CONFIDENCE)) - 1] for n in range(1, ngram_max + 1))
@@ -348,6 +395,7 @@ def plan_for(
     tree: int | str | None = "auto",
     skip_drafter: bool | None = None,
     sampled: bool = False,
+    draft_gate: bool | str = "auto",
 ) -> Plan | None:
     """The plan for what a user asks (``generate``'s flags); ``None``: plain decoding.
 
@@ -377,9 +425,14 @@ def plan_for(
     prompt-lookup match takes the branches alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
     ``False``: every row's tree holds both drafts, as on an accelerator.
 
+    ``draft_gate``: ``"on"``/``"off"``, or ``"auto"`` (the default, as ``generate``'s): on when decoding
+    samples (``sampled``) on a CPU at the default verify lengths, where a sampled draft of which little is
+    accepted costs more than it commits (``Plan.draft_gate``); off elsewhere.
+
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
-        drafter; a tree without a DFlash drafter, or a tree budget below 2.
+        drafter; a tree without a DFlash drafter, or a tree budget below 2; a draft gate without
+        verify lengths starting at 1, or a bad ``draft_gate``.
       ConfigError, CheckpointError: as ``load``.
     """
     if isinstance(drafter, os.PathLike):
@@ -403,6 +456,9 @@ def plan_for(
     )
     budget = parse_tree(tree)
     on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
+    gate = parse_draft_gate(draft_gate)
+    auto_gate = sampled and on_cpu and verify_lengths == "auto" and verify_costs is None
+    settings["draft_gate"] = auto_gate if gate == "auto" else gate
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
     if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
         # and only at the defaults' own block and widths: a --block-size or --verify-lengths asked for gets chains

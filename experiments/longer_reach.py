@@ -54,7 +54,7 @@ def new_rows_value(text: str) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafter", help="an n-gram-input drafter folder with a copy-bias table")
-    ap.add_argument("out", help="the folder to write (released format, float32)")
+    ap.add_argument("out", help="the folder to write (released format)")
     ap.add_argument("--ngram-max", type=int, default=16, help="the longest suffix matched")
     ap.add_argument(
         "--new-rows",
@@ -63,23 +63,73 @@ def main() -> None:
         help="the added rows' value (logits), or 'repeat' (its last row)",
     )
     ap.add_argument("--periodic", action="store_true", help="continue a continuation past the anchor (a loop)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
+    ap.add_argument(
+        "--with-record",
+        action="store_true",
+        help="also carry a shipped folder's record (README, train_config.json, training_summary.json, loss.png), "
+        "the README and the summary saying how it is now read",
+    )
     ap.add_argument("--overwrite", action="store_true", help="replace a drafter folder already at OUT")
     args = ap.parse_args()
 
+    import json
+    import shlex
+    import shutil
+    from pathlib import Path
+
     from dflash_jax.drafter_io import export_released, load_drafter, stored_draft_vocab
     from dflash_jax.errors import DFlashError
+    from dflash_jax.utils import atomic_folder
 
+    src = Path(args.drafter)
     try:
-        params, cfg, identity = load_drafter(args.drafter)
+        params, cfg, identity = load_drafter(src)
+        was = (cfg.ngram_max, cfg.ngram_periodic)
         params, cfg = with_longer_reach(params, cfg, args.ngram_max, args.new_rows, args.periodic)
-        export_released(
-            params,
-            cfg,
-            args.out,
-            target_identity=identity,
-            overwrite=args.overwrite,
-            draft_vocab=stored_draft_vocab(args.drafter, cfg.vocab_size),
-        )
+        with atomic_folder(Path(args.out), args.overwrite, kind="released-drafter") as tmp:
+            export_released(
+                params,
+                cfg,
+                tmp / "drafter",
+                dtype=args.dtype,
+                target_identity=identity,
+                draft_vocab=stored_draft_vocab(src, cfg.vocab_size),
+            )
+            for f in (tmp / "drafter").iterdir():
+                f.rename(tmp / f.name)
+            (tmp / "drafter").rmdir()
+            if args.with_record:
+                for name in ("train_config.json", "loss.png"):
+                    if (src / name).is_file():
+                        shutil.copy(src / name, tmp / name)
+                read_with = {
+                    "ngram_max": cfg.ngram_max,
+                    "ngram_periodic": cfg.ngram_periodic,
+                    "new_rows": "repeat" if args.new_rows is None else args.new_rows,
+                    "trained_with": {"ngram_max": was[0], "ngram_periodic": was[1]},
+                }
+                summary = src / "training_summary.json"
+                info = json.loads(summary.read_text()) if summary.is_file() else {}
+                (tmp / "training_summary.json").write_text(json.dumps({**info, "read_with": read_with}, indent=1))
+                command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+                rows = "copies of its longest row" if args.new_rows is None else f"at {args.new_rows} logits"
+                note = (
+                    f"\n## Read with a longer reach\n\nTrained matching {cfg.ngram_min}..{was[0]} tokens; read "
+                    "matching "
+                    f"{cfg.ngram_min}..{cfg.ngram_max}"
+                    + (
+                        ", a continuation that reaches the anchor going on with the match's period"
+                        if cfg.ngram_periodic
+                        else ""
+                    )
+                    + " (`dflash_config.ngram_max`, `ngram_periodic`). Its weights are the trained ones; the "
+                    "copy-bias "
+                    f'table gained rows for the longer matches, {rows} (docs/BENCHMARKS.md, "A longer reach for the '
+                    f'block input"). Made from the trained folder with:\n\n```bash\n{command}\n```\n'
+                )
+                readme = (src / "README.md").read_text() if (src / "README.md").is_file() else ""
+                (tmp / "README.md").write_text(readme + note)
     except DFlashError as e:
         sys.exit(f"longer_reach: {e}")
     print(f"wrote {args.out}: n-gram reach {cfg.ngram_max}..{cfg.ngram_min}, periodic {cfg.ngram_periodic}")
