@@ -155,3 +155,20 @@ def test_a_gate_needs_plain_steps_among_its_verify_lengths(target, tmp_path, mon
     costs = dec.costs_for(dec.shape_for([4], 8))
     assert len(costs) == len(plan.verify_lengths) + 1 and costs[0] == 1.0 and (costs > 0).all()
     assert "draft gate on" in plan.describe()
+
+
+def test_auto_gates_sampled_decoding_on_a_cpu_only(tiny_models):
+    """``plan_for``'s ``draft_gate="auto"``: on when sampling on a CPU at the default verify lengths; off greedy,
+    on an accelerator, with verify lengths asked for; ``on`` needs lengths that start at 1."""
+    from dflash_jax import checkpoint
+    from dflash_jax.speculation import plan_for
+
+    ck = checkpoint.load_target(tiny_models["qwen3"][2])
+    tok = ck.tokenizer()
+    gated = lambda **kw: plan_for(ck, "random", tok, **kw).draft_gate  # noqa: E731
+    assert gated(sampled=True, backend="cpu") and not gated(sampled=False, backend="cpu")
+    assert not gated(sampled=True, backend="gpu") and not gated(sampled=True, backend="cpu", verify_lengths="1,4")
+    assert gated(sampled=False, backend="cpu", draft_gate="on") and not gated(sampled=True, draft_gate="off")
+    assert plan_for(ck, "ngram", tok, sampled=True, backend="cpu").draft_gate  # prompt lookup alone too
+    with pytest.raises(ValueError, match="verify lengths that start at 1"):
+        plan_for(ck, "random", tok, backend="gpu", draft_gate="on")  # an accelerator verifies the block
