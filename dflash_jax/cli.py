@@ -108,10 +108,10 @@ def _add_speculation(p) -> None:
         "--draft-gate",
         default="auto",
         choices=["on", "off", "auto"],
-        help="a prompt drafts only while its drafted rounds commit more tokens per unit of cost than plain steps "
-        "would, and takes plain steps otherwise, drafting now and then to look again (lossless); auto: on when "
-        "sampling on a CPU at the default verify lengths (where sampled drafts of which little is accepted cost "
-        "more than they commit), off elsewhere",
+        help="a prompt drafts only while its drafted rounds commit at least as many tokens per unit of cost as "
+        "plain steps would, and takes plain steps otherwise, drafting now and then to look again (lossless); auto: "
+        "on when a DFlash drafter samples on a CPU at the default verify lengths (where sampled drafts of which "
+        "little is accepted cost more than they commit), off elsewhere",
     )
     p.add_argument(
         "--calibrate",
@@ -474,7 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_speculation(
         b.add_argument_group(
             "the default arm",
-            "--prompt-lookup, --verify-lengths and --calibrate set only the default arm (the DFlash rows and the "
+            "--prompt-lookup, --verify-lengths, --calibrate and --draft-gate set only the default arm (the DFlash "
+            "rows and the "
             "ngram row verify every block token); --ngram-max / --ngram-min set the ngram row too, --draft-vocab "
             "every DFlash row",
         )
@@ -996,7 +997,9 @@ def cmd_bench(args) -> None:
     blocks = args.block_size or [drafter.cfg.block_size]
     arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
     plans: dict = {
-        b: _plan(args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None, tree="off")
+        b: _plan(
+            args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None, tree="off", draft_gate="off"
+        )
         for b in blocks
     }
     if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it, at the largest block
@@ -1016,6 +1019,7 @@ def cmd_bench(args) -> None:
             tree=n,
             verify_lengths=None,
             skip_drafter=False,
+            draft_gate="off",
         )
     if args.default_arm == "on":  # what generate does with these flags, at generate's default block: with
         # --drafter auto on a CPU the shipped drafter beside prompt lookup at block 8, not the drafter alone

@@ -209,7 +209,7 @@ def update_node_calibration(stats: Array, node_p: Array, checked: Array, accepte
 
 # The draft gate (``LoopShape.draft_gate``): per row, a decayed record of what its drafted rounds
 # committed and cost, in plain steps (a verify of one token). A round drafts for a row while that
-# record shows more than one token per plain step, and after GATE_EXPLORE plain rounds in a row
+# record shows at least one token per plain step, and after GATE_EXPLORE plain rounds in a row
 # anyway, so that the record follows the text (a loop starting late in an answer). The record starts
 # at GATE_PRIOR (tokens, cost): a new row drafts.
 GATE_DECAY = 0.9
@@ -326,7 +326,7 @@ def insert(
     ``prefill`` of ``prompts`` int32 ``[R, P]`` (with ``prompt_lens``, ``max_new``, ``seeds`` int32
     ``[R]``, as ``prefill`` takes them), written over rows ``slots`` int32 ``[R]`` of ``state``: every
     field of those rows is replaced (token buffer, target and drafter caches, position, limit,
-    round record, PRNG key, calibration), so a request starts as it would in a batch of its own and
+    round record, PRNG key, calibration, draft-gate record), so a request starts as it would in a batch of its own and
     the other rows are untouched. A slot >= the batch size drops its row (padding of ``R``).
     """
     new = prefill(
@@ -600,7 +600,8 @@ def decode_loop(
         if tree is None and len(lengths) > 1 and shape.calibrate:
             checked = jnp.where(active, num_valid, 0)
             calibration = update_calibration(calibration, conf, a, jnp.maximum(checked, 0))
-        cost = draft_cost + verify_costs[row_index] if gated else None  # each row's own round, in plain steps
+        # each row's own round in plain steps (a verify of one token, lengths[0])
+        cost = (draft_cost + verify_costs[row_index]) / verify_costs[0] if gated else None
         return commit(s, block, a, bonus, feats, tcache, calibration, width, (drafts, cost))
 
     def round_(s: LoopState) -> LoopState:
@@ -648,6 +649,18 @@ def write_verify_costs(key: str, costs: Sequence[float]) -> None:
         atomic_write_text(path, json.dumps({**read_verify_costs(), key: list(costs)}))
     except OSError:
         pass
+
+
+def _median_times(runs: Sequence, repeats: int) -> list[float]:
+    """Each callable of ``runs`` timed (seconds, to the end of its computation) in turns, ``repeats`` passes
+    after a warm-up one, so that a slow spell of the machine falls on all of them alike; their medians."""
+    times = np.zeros((repeats + 1, len(runs)))
+    for r in range(repeats + 1):
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            times[r, i] = time.perf_counter() - t0
+    return np.median(times[1:], axis=0).tolist()  # the first pass warms up
 
 
 def _valid_costs(stored, n: int) -> tuple[float, ...] | None:
@@ -755,10 +768,10 @@ class Decoder:
         self.draft_gate = plan.draft_gate if plan is not None else False
         self._measure = bool(self.verify_lengths) and plan.verify_costs is None
         self.verify_costs = (plan.verify_costs or ()) if plan is not None else ()
-        if self.draft_gate and not self._measure:  # make_plan gives both or neither
-            self.verify_costs = (*self.verify_costs, plan.draft_cost)
+        self.draft_cost = plan.draft_cost if plan is not None else None
         self._compiled: dict[tuple, tuple] = {}
         self._measured: dict[tuple, tuple[float, ...]] = {}
+        self._verify_timers: dict[tuple, list] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
         self._stream_lock = threading.Lock()
 
@@ -789,13 +802,14 @@ class Decoder:
         if not self.verify_lengths:
             return np.ones((1,), np.float32)
         costs = self.measure_verify_costs(shape.batch, shape.cache_len) if self._measure else self.verify_costs
+        if self.draft_gate:  # measured in length-1 verifies, the unit of measured costs (lengths start at 1)
+            draft = self.draft_cost or self.measure_draft_cost(shape.batch, shape.cache_len) * costs[0]
+            costs = (*costs, draft)
         return np.asarray(costs, np.float32)
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
-        each of ``verify_lengths``, in units of the shortest, and with a draft gate (``Plan.draft_gate``)
-        the draft after them (``_timed_draft``: the step's proposal and, sampling a chain, the rejection
-        rule); measured once per machine and shape and
+        each of ``verify_lengths``, in units of the shortest; measured once per machine and shape and
         kept, in this object and in a file (``verify_costs_path``, keyed by ``cost_key``: the next
         process reads them instead of timing again; an entry that is not one finite positive cost
         per length is timed again), and never part of what is compiled (``costs_for``). Delete the
@@ -809,11 +823,47 @@ class Decoder:
         key = (batch, cache_len)
         if key in self._measured:
             return self._measured[key]
-        n = len(self.verify_lengths)
-        stored = _valid_costs(read_verify_costs().get(self.cost_key(batch, cache_len)), n + self.draft_gate)
+        stored = _valid_costs(read_verify_costs().get(self.cost_key(batch, cache_len)), len(self.verify_lengths))
         if stored is not None:
             self._measured[key] = stored
             return stored
+        times = _median_times(self._verify_timers_for(batch, cache_len), repeats)
+        costs = [round(t / times[0], 2) for t in times]
+        for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
+            costs[i] = max(costs[i], costs[i - 1])
+        self._measured[key] = tuple(costs)
+        write_verify_costs(self.cost_key(batch, cache_len), self._measured[key])
+        return self._measured[key]
+
+    def measure_draft_cost(self, batch: int, cache_len: int, repeats: int = 5) -> float:
+        """A draft's cost (``_timed_draft``: the step's proposal and, sampling a chain, the rejection rule) in
+        verifies of one token, timed in turns with one, as ``measure_verify_costs`` times the lengths (at least
+        0.01); kept the same way, under its own key (``cost_key`` and the draft step's), so that the verify costs
+        are shared with the same plan without a draft gate."""
+        key = (batch, cache_len, "draft")
+        if key in self._measured:
+            return self._measured[key][0]
+        file_key = json_sha256((self.cost_key(batch, cache_len), self._draft_signature()), 32)
+        stored = _valid_costs(read_verify_costs().get(file_key), 1)
+        if stored is None:
+            plain = self._verify_timers_for(batch, cache_len)[0]  # verify lengths start at 1 under a gate
+            times = _median_times([plain, self._timed_draft(batch, cache_len)], repeats)
+            stored = (max(0.01, round(times[1] / times[0], 2)),)
+            write_verify_costs(file_key, stored)
+        self._measured[key] = stored
+        return stored[0]
+
+    def _draft_signature(self) -> tuple:
+        """What a draft's measured cost depends on besides ``cost_key``: the step, the block and the shapes of
+        its parameters (a draft vocabulary's length among them)."""
+        return (repr(self.drafter), self.block_size, _signature(self.drafter_params))
+
+    def _verify_timers_for(self, batch: int, cache_len: int) -> list:
+        """One callable per verify length running it as a round does, compiled once per shape: one compiled
+        ``lax.switch`` over the lengths (``verify_block``, outputs padded to the block), then the commit."""
+        key = (batch, cache_len)
+        if key in self._verify_timers:
+            return self._verify_timers[key]
         taps = self.drafter.tap_layers if self.drafter is not None else ()
         kw = dict(cfg=self.cfg, taps=taps, sampling=self.sampling)
 
@@ -834,27 +884,14 @@ class Decoder:
 
         cache, block = init_cache(self.cfg, batch, cache_len), jnp.zeros((batch, self.block_size), jnp.int32)
         fn = jax.jit(verify).lower(self.params, cache, block, jnp.int32(0)).compile()
-        timed = [partial(fn, self.params, cache, block, jnp.int32(index)) for index in range(n)]
-        if self.draft_gate:
-            timed.append(self._timed_draft(batch, cache_len))
-        runs = np.zeros((repeats + 1, len(timed)))
-        for r in range(repeats + 1):  # round-robin over the lengths: a slow spell hits them all alike
-            for index, run in enumerate(timed):
-                t0 = time.perf_counter()
-                jax.block_until_ready(run())
-                runs[r, index] = time.perf_counter() - t0
-        times = np.median(runs[1:], axis=0).tolist()  # the first pass warms up
-        costs = [round(t / times[0], 2) for t in times]
-        for i in range(1, n):  # never cheaper when longer (timing noise)
-            costs[i] = max(costs[i], costs[i - 1])
-        self._measured[key] = tuple(costs)
-        write_verify_costs(self.cost_key(batch, cache_len), self._measured[key])
-        return self._measured[key]
+        timers = [partial(fn, self.params, cache, block, jnp.int32(i)) for i in range(len(self.verify_lengths))]
+        self._verify_timers[key] = timers
+        return timers
 
     def _timed_draft(self, batch: int, cache_len: int):
         """A compiled draft as a round runs it, ready to time: ``propose`` on ``batch`` rows at position 0
-        of a token buffer that never repeats an n-gram (so a step that reads prompt lookup runs its drafter
-        too) and, sampling a chain, ``accept`` against uniform target probabilities."""
+        (with nothing before it to match, a step that reads prompt lookup runs its drafter too) and,
+        sampling a chain, ``accept`` against uniform target probabilities."""
         bs, v = self.block_size, self.cfg.vocab_size
         step, sampling = self.drafter, self.sampling
         start = jnp.zeros((batch,), jnp.int32)
@@ -877,8 +914,7 @@ class Decoder:
     def cost_key(self, batch: int, cache_len: int) -> str:
         """What a verify's measured cost depends on, as one string: the machine (backend, device kind
         and count, processor model, the CPUs this process may use, XLA's flags, the jax version), the
-        target's config, the mesh, the taps, the sampling settings, the shape and the verify lengths;
-        with a draft gate, the draft step too."""
+        target's config, the mesh, the taps, the sampling settings, the shape and the verify lengths."""
         device = jax.devices()[0]
         machine = (
             jax.default_backend(),
@@ -894,8 +930,6 @@ class Decoder:
             self.tree_size
         )
         what = (machine, repr(self.cfg), taps, repr(self.sampling), shape)
-        if self.draft_gate:
-            what += (("draft", repr(self.drafter), self.block_size),)
         return json_sha256(what, 32)
 
     def compile(self, shape: LoopShape, num_stop: int, stream: bool = False):
@@ -1082,8 +1116,8 @@ class Decoder:
         token or the length limit; ``decode_loop``'s ``exit_at``); their results are read, and their
         rows take the next prompts (``insert``: a prefill of just those rows, the others untouched)
         without recompiling (one ``insert`` executable per power-of-two count of new rows). Every
-        request starts as it would alone (its own caches, PRNG key from its seed, round count and
-        calibration), so its output does not depend on its neighbours or on when it entered
+        request starts as it would alone (its own caches, PRNG key from its seed, round count,
+        calibration and draft-gate record), so its output does not depend on its neighbours or on when it entered
         (greedy: the tokens ``generate`` gives it; sampling: the same draws for the same seed).
 
         A result's ``prefill_s`` is the prefill (or insert) call it entered with, ``decode_s`` the

@@ -66,11 +66,6 @@ TREE_LOOKUP_BRANCHES = 3
 # verifies chains until a tree is measured faster there.
 CPU_TREE_BUDGET = 7
 
-# Sampled decoding drafts at a loss on a CPU when little is accepted: with the drafter shipped then
-# (stage 8) at temperature 1, the defaults ran at 0.61-1.04x plain decoding on 8 GSM8K prompts (tau
-# 1.4-1.9), each round paying for a draft of which little is accepted (docs/JOURNAL.md, fifth session).
-# ``--draft-gate auto`` lets such a row take plain steps there (``decode.gate_drafts``); greedy rounds
-# choose their verify length from the draft they hold and keep drafting every round.
 # What --drafter takes besides a folder.
 DRAFTER_NAMES = ("auto", "none", "random", "ngram")
 
@@ -90,11 +85,11 @@ class Plan:
       calibrate: with verify lengths, correct the step's confidence per row from the acceptance
         its earlier rounds saw (``decode.calibrate``).
       label: words for people and logs (e.g. "DFlash 2 over 8192 tokens + prompt lookup").
-      draft_gate: a row drafts only while its drafted rounds commit more tokens per unit of cost than
-        plain steps would, and takes plain steps otherwise, drafting now and then to look again
+      draft_gate: a row drafts only while its drafted rounds commit at least as many tokens per unit of
+        cost as plain steps would, and takes plain steps otherwise, drafting now and then to look again
         (``decode.gate_drafts``; needs verify lengths starting at 1).
       draft_cost: with ``draft_gate``, a draft's cost in the unit of ``verify_costs`` (given with them);
-        ``None``: measured with them.
+        ``None``: measured (``Decoder.measure_draft_cost``).
     """
 
     step: Any
@@ -425,9 +420,12 @@ def plan_for(
     prompt-lookup match takes the branches alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
     ``False``: every row's tree holds both drafts, as on an accelerator.
 
-    ``draft_gate``: ``"on"``/``"off"``, or ``"auto"`` (the default, as ``generate``'s): on when decoding
-    samples (``sampled``) on a CPU at the default verify lengths, where a sampled draft of which little is
-    accepted costs more than it commits (``Plan.draft_gate``); off elsewhere.
+    ``draft_gate``: ``"on"``/``"off"``, or ``"auto"`` (the default, as ``generate``'s): on when a DFlash
+    drafter drafts and decoding samples (``sampled``) on a CPU at the default verify lengths, off elsewhere
+    (``Plan.draft_gate``). Sampled with stage 8 at temperature 1 the defaults ran at 0.61-1.04x plain
+    decoding on 8 GSM8K prompts (tau 1.4-1.9), each round paying for a draft of which little was accepted
+    (docs/JOURNAL.md, 2026-12-06); greedy rounds choose their verify length from the draft in hand, and
+    prompt lookup alone costs next to nothing where it finds no match.
 
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
@@ -457,7 +455,8 @@ def plan_for(
     budget = parse_tree(tree)
     on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
     gate = parse_draft_gate(draft_gate)
-    auto_gate = sampled and on_cpu and verify_lengths == "auto" and verify_costs is None
+    dflash = not isinstance(loaded, str)  # a drafter forward is at stake, not prompt lookup's alone
+    auto_gate = dflash and sampled and on_cpu and verify_lengths == "auto" and verify_costs is None
     settings["draft_gate"] = auto_gate if gate == "auto" else gate
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
     if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU

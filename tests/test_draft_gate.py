@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_ngram import _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
+from test_ngram import PROMPT, _prompts, chi_square_p, exact_joint, sampled_joint, target, tiny  # noqa: F401
 
 from dflash_jax.decode import GATE_DECAY, GATE_EXPLORE, GATE_PRIOR, Decoder, gate_drafts, initial_gate, update_gate
 from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
@@ -43,15 +43,19 @@ def _dflash(ck, bs=8):
     return init_drafter_params(dcfg, seed=0), dcfg
 
 
-def test_greedy_with_a_gate_is_identical_to_plain_decoding(target):  # noqa: F811
-    """A random drafter beside prompt lookup: with a cheap draft the gate drafts on where prompt lookup pays, with
-    a dear one it takes plain steps and looks again every GATE_EXPLORE rounds (so more rounds); the tokens are
-    plain decoding's either way."""
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_greedy_with_a_gate_is_identical_to_plain_decoding(target, tree):  # noqa: F811
+    """A random drafter beside prompt lookup (chains, or a tree with its branches): with a cheap draft the gate
+    drafts on where prompt lookup pays, with a dear one it takes plain steps and looks again every GATE_EXPLORE
+    rounds (so more rounds); the tokens are plain decoding's either way, from ``generate`` and ``as_completed``."""
     ck, plain = target
     prompts = _prompts(8)
     want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
     params, dcfg = _dflash(ck)
-    step = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7))
+    ngram = NgramStep(block_size=8, confidence=0.7)
+    step = (
+        TreeStep(DraftStep(dcfg, ck.cfg), 6, ngram, min_match=1) if tree else HybridStep(DraftStep(dcfg, ck.cfg), ngram)
+    )
     rounds = {}
     for draft_cost in (0.3, 50.0):
         kw = dict(block_size=8, verify_lengths=LENGTHS, verify_costs=COSTS, draft_gate=True, draft_cost=draft_cost)
@@ -59,6 +63,9 @@ def test_greedy_with_a_gate_is_identical_to_plain_decoding(target):  # noqa: F81
         assert dec.costs_for(dec.shape_for([5], 40)).tolist() == pytest.approx([*COSTS, draft_cost])
         got = dec.generate(prompts, 40, (5,))
         assert [r.token_ids for r in got] == want
+        if draft_cost > 1 and not tree:  # rows refilled as they finish (``insert``): the same tokens
+            done = dict(dec.as_completed(prompts, 40, (5,), batch_size=2))
+            assert [done[i].token_ids for i in range(len(prompts))] == want
         rounds[draft_cost] = sum(len(r.acceptance_lengths) for r in got)
         streak = np.asarray(_final_state(dec, prompts, 40, (5,)).gate[: len(prompts), 2])
         assert (streak <= GATE_EXPLORE).all(), streak  # a gated row looks again after GATE_EXPLORE plain rounds
@@ -79,7 +86,8 @@ def _final_state(dec, prompts, max_new, stops, seed=0, gate=None):
         tok[i, : len(p)], lens[i] = p, len(p)
     budget = np.full((shape.batch,), max_new, np.int32)
     budget[len(prompts) :] = 1
-    seeds = np.broadcast_to(np.asarray(seed, np.int32), (shape.batch,)).copy()
+    seeds = np.zeros((shape.batch,), np.int32)
+    seeds[: len(prompts)] = seed
     state = pre(dec.params, dec.drafter_params, tok, lens, budget, stop_ids, seeds)
     if gate is not None:
         state = state._replace(gate=jnp.asarray(gate, jnp.float32))
@@ -115,15 +123,15 @@ def test_a_gated_row_samples_the_same_tokens_whether_or_not_its_batch_drafts(tar
 
 
 def test_sampling_with_a_gate_keeps_the_target_distribution(tiny):  # noqa: F811
-    """The hybrid under sampling with a gate whose second round drafts for a row whose first verify was 1 token
-    and not for one whose first verify was longer (costs below): in a batch, rows that draft, rows that do not,
-    and rounds in which none does; the first three tokens have the target's distribution."""
+    """The hybrid under sampling with a gate that stops drafting after a round that verified 2 or more positions
+    and committed one token (costs below): a row's first round drafts, its second is a plain step; the first three
+    tokens have the target's distribution. (Rows that draft beside rows that do not: the batch test above.)"""
     cfg, params = tiny
     s = Sampling(0.8)
     dcfg = DrafterConfig.for_target(cfg, num_layers=1, block_size=4, mask_token_id=0, target_layer_ids=(0,))
     step = HybridStep(DraftStep(dcfg, cfg), NgramStep(block_size=4, confidence=0.7), min_match=1)
     # after a drafted round that committed one token the record is (0.9 * 2 + 1, 0.9 * 1 + 0.8 + verify cost):
-    # 2.8 against 2.7 after a 1-token verify (draft again), 2.9 after a 2-token one (plain step)
+    # 2.8 against 2.9 or more after a verify of 2 or more positions: a plain step next
     plan = make_plan(
         step,
         init_drafter_params(dcfg, seed=0),
@@ -132,8 +140,13 @@ def test_sampling_with_a_gate_keeps_the_target_distribution(tiny):  # noqa: F811
         draft_gate=True,
         draft_cost=0.8,
     )
-    counts, multi = sampled_joint(Decoder(params, cfg, plan, sampling=s))
+    dec = Decoder(params, cfg, plan, sampling=s)
+    counts, multi = sampled_joint(dec)
     assert multi > 0  # drafts were accepted
+    state = _final_state(dec, [PROMPT] * 64, 3, (), seed=np.arange(64))
+    second = np.asarray(state.rounds) == 2  # rows whose first round committed one token of the two
+    streak = np.asarray(state.gate[:, 2])
+    assert second.any() and (streak[second] == 1).all(), streak  # their second round was a plain step
     assert chi_square_p(counts, exact_joint(cfg, params, s)) > P_REJECT
     assert chi_square_p(counts, exact_joint(cfg, params, Sampling(1.2))) < P_REJECT  # the check has teeth
 
@@ -152,9 +165,15 @@ def test_a_gate_needs_plain_steps_among_its_verify_lengths(target, tmp_path, mon
         parse_draft_gate("yes")
     plan = make_plan(step, block_size=8, verify_lengths=LENGTHS, draft_gate=True)  # costs measured, draft's too
     dec = Decoder(ck.params, ck.cfg, plan, sampling=Sampling(1.0))
-    costs = dec.costs_for(dec.shape_for([4], 8))
-    assert len(costs) == len(plan.verify_lengths) + 1 and costs[0] == 1.0 and (costs > 0).all()
+    shape = dec.shape_for([4], 8)
+    costs = dec.costs_for(shape)
+    assert len(costs) == len(plan.verify_lengths) + 1 and costs[0] == 1.0 and costs[-1] >= 0.01
     assert "draft gate on" in plan.describe()
+    # the verify costs are the same plan's without a gate (one timing, kept in the file), the draft's its own
+    ungated = Decoder(ck.params, ck.cfg, make_plan(step, block_size=8, verify_lengths=LENGTHS), sampling=Sampling(1.0))
+    assert ungated.costs_for(shape).tolist() == costs[:-1].tolist()
+    again = Decoder(ck.params, ck.cfg, plan, sampling=Sampling(1.0))
+    assert again.costs_for(shape).tolist() == costs.tolist()
 
 
 def test_auto_gates_sampled_decoding_on_a_cpu_only(tiny_models):
@@ -169,6 +188,6 @@ def test_auto_gates_sampled_decoding_on_a_cpu_only(tiny_models):
     assert gated(sampled=True, backend="cpu") and not gated(sampled=False, backend="cpu")
     assert not gated(sampled=True, backend="gpu") and not gated(sampled=True, backend="cpu", verify_lengths="1,4")
     assert gated(sampled=False, backend="cpu", draft_gate="on") and not gated(sampled=True, draft_gate="off")
-    assert plan_for(ck, "ngram", tok, sampled=True, backend="cpu").draft_gate  # prompt lookup alone too
+    assert not plan_for(ck, "ngram", tok, sampled=True, backend="cpu").draft_gate  # prompt lookup alone: no forward
     with pytest.raises(ValueError, match="verify lengths that start at 1"):
         plan_for(ck, "random", tok, backend="gpu", draft_gate="on")  # an accelerator verifies the block
