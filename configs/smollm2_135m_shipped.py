@@ -1,8 +1,12 @@
 """The recipe of the drafter shipped for SmolLM2-135M-Instruct (``dflash_jax/assets/smollm2-135m-instruct-dflash``,
 what ``--drafter auto`` picks for the embedded target), as one file.
 
-It reproduces the shipped drafter's last stage, stage 8 (issue 38's long run, its second part: 512 steps, about
-1.3 h on 2 CPU cores). Stage 8 starts from stage 7 (``assets/smollm2-135m-instruct-dflash-long1024``: 1024 steps of
+It reproduces the shipped drafter's last training stage, stage 8 (issue 38's long run, its second part: 512 steps,
+about 1.3 h on 2 CPU cores), kept as trained in ``assets/smollm2-135m-instruct-dflash-stage8``. The package reads
+stage 8 with a longer reach (``experiments/longer_reach.py``, the last command below, no training): prompt-lookup
+matches of up to 16 tokens, each longer length with a copy-bias row at ``copy_bias`` (30), and continuations that
+go on past the anchor with the match's period (``ngram_periodic``); its tau at block 16 decoded on 40 prompts a set
+is above stage 8's as trained on all five sets (docs/BENCHMARKS.md, "A longer reach for the block input"). Stage 8 starts from stage 7 (``assets/smollm2-135m-instruct-dflash-long1024``: 1024 steps of
 the same objective on 66 shards, ``experiments/smollm2/smollm2_135m_long38.py``, itself continuing stage 6, the
 drafter shipped before it, kept as ``assets/smollm2-135m-instruct-dflash-stage6``). The drafter is DFlash 2: 2 layers
 reading target layers 1, 14, 27, block 16, grouped dynamic causal convolutions of kernel 2 over groups of 16
@@ -25,6 +29,8 @@ run: stages 7 and 8").
     .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py                # 8-10 s a step
     .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --which drafter --out runs/shipped \\
         --draft-vocab data/smollm2-mix   # the shipped folder's README: the commands of stages 1-8
+    .venv/bin/python experiments/longer_reach.py runs/shipped runs/shipped_reach --ngram-max 16 --periodic \\
+        --dtype bfloat16 --with-record    # as the package holds it
 
 Resumable: rerun the same command after an interruption.
 """

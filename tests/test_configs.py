@@ -57,3 +57,26 @@ def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
     # what the recipe and the stages before it start from are kept in the repository
     for stage in ("long1024", "stage6", "stage5"):
         assert (ROOT / "assets" / f"smollm2-135m-instruct-dflash-{stage}" / "model.safetensors").exists()
+
+
+def test_the_shipped_drafter_is_stage_8_read_with_a_longer_reach():
+    """The package's drafter is stage 8's weights (``assets/smollm2-135m-instruct-dflash-stage8``, what the recipe
+    trains) read matching up to 16 tokens with periodic continuations (``experiments/longer_reach.py``): every
+    tensor equal but the copy-bias table, whose rows for 2-4-token matches are stage 8's and whose rows for longer
+    matches stand at ``copy_bias``; its record says so."""
+    import ml_dtypes  # noqa: F401  (numpy reads bfloat16 through it)
+    from safetensors.numpy import load_file
+
+    shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
+    stage8 = ROOT / "assets" / "smollm2-135m-instruct-dflash-stage8"
+    ours, theirs = load_file(str(shipped / "model.safetensors")), load_file(str(stage8 / "model.safetensors"))
+    assert ours.keys() == theirs.keys()
+    (table,) = [k for k in ours if "copy_bias" in k]
+    assert all((ours[k] == theirs[k]).all() for k in ours if k != table)
+    config = json.loads((shipped / "config.json").read_text())["dflash_config"]
+    assert (config["ngram_max"], config["ngram_min"], config["ngram_periodic"]) == (16, 2, True)
+    old = theirs[table].shape[0]
+    assert ours[table].shape[0] == 16 and (ours[table][:old] == theirs[table]).all()  # a row per matched length
+    assert (ours[table][old:].astype("float32") == config["copy_bias"]).all()
+    read_with = json.loads((shipped / "training_summary.json").read_text())["read_with"]
+    assert read_with["trained_with"] == {"ngram_max": 4, "ngram_periodic": False} and read_with["ngram_max"] == 16
