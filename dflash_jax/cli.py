@@ -109,9 +109,9 @@ def _add_speculation(p) -> None:
         default="auto",
         choices=["on", "off", "auto"],
         help="a prompt drafts only while its drafted rounds commit at least as many tokens per unit of cost as "
-        "plain steps would, and takes plain steps otherwise, drafting now and then to look again (lossless); auto: "
-        "on when a DFlash drafter samples on a CPU at the default verify lengths (where sampled drafts of which "
-        "little is accepted cost more than they commit), off elsewhere",
+        "plain steps would, and takes plain steps otherwise, drafting now and then to look again (lossless; needs "
+        "verify lengths that start at 1, as auto's on a CPU); auto: on where measured faster, today nowhere (at "
+        "temperature 1 on a CPU it was slower than drafting every round: docs/JOURNAL.md)",
     )
     p.add_argument(
         "--calibrate",

@@ -420,12 +420,12 @@ def plan_for(
     prompt-lookup match takes the branches alone (``TreeStep.skip_drafter``); ``None``: on a CPU only,
     ``False``: every row's tree holds both drafts, as on an accelerator.
 
-    ``draft_gate``: ``"on"``/``"off"``, or ``"auto"`` (the default, as ``generate``'s): on when a DFlash
-    drafter drafts and decoding samples (``sampled``) on a CPU at the default verify lengths, off elsewhere
-    (``Plan.draft_gate``). Sampled with stage 8 at temperature 1 the defaults ran at 0.61-1.04x plain
-    decoding on 8 GSM8K prompts (tau 1.4-1.9), each round paying for a draft of which little was accepted
-    (docs/JOURNAL.md, 2026-12-06); greedy rounds choose their verify length from the draft in hand, and
-    prompt lookup alone costs next to nothing where it finds no match.
+    ``draft_gate``: ``"on"``/``"off"``, or ``"auto"`` (the default, as ``generate``'s): on where a gate is
+    measured faster (``Plan.draft_gate``), today nowhere. It was built for sampled decoding on a CPU, where
+    the defaults with stage 8 ran at 0.61-1.04x plain decoding at temperature 1 on 8 GSM8K prompts of an AMD
+    EPYC machine; on an Intel Xeon machine with the drafter shipped now the same 8 prompts ran at 0.93-1.05x
+    plain without the gate and 0.87-1.03x with it (it took plain steps where drafting broke even, and a plain
+    round of the speculative loop costs more than a plain decoder's step; docs/JOURNAL.md, 2026-12-06).
 
     Raises:
       ValueError: bad n-gram lengths, block size, verify lengths or costs; a block size with no
@@ -455,9 +455,7 @@ def plan_for(
     budget = parse_tree(tree)
     on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
     gate = parse_draft_gate(draft_gate)
-    dflash = not isinstance(loaded, str)  # a drafter forward is at stake, not prompt lookup's alone
-    auto_gate = dflash and sampled and on_cpu and verify_lengths == "auto" and verify_costs is None
-    settings["draft_gate"] = auto_gate if gate == "auto" else gate
+    settings["draft_gate"] = False if gate == "auto" else gate  # auto: nowhere measured faster yet
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
     if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
         # and only at the defaults' own block and widths: a --block-size or --verify-lengths asked for gets chains

@@ -176,18 +176,17 @@ def test_a_gate_needs_plain_steps_among_its_verify_lengths(target, tmp_path, mon
     assert again.costs_for(shape).tolist() == costs.tolist()
 
 
-def test_auto_gates_sampled_decoding_on_a_cpu_only(tiny_models):
-    """``plan_for``'s ``draft_gate="auto"``: on when sampling on a CPU at the default verify lengths; off greedy,
-    on an accelerator, with verify lengths asked for; ``on`` needs lengths that start at 1."""
+def test_the_gate_is_asked_for_by_name(tiny_models):
+    """``plan_for``'s ``draft_gate``: ``on`` gates (with verify lengths that start at 1), ``off`` does not, and
+    ``auto`` is off everywhere: no machine has measured it faster yet (sampled on a CPU it was slower)."""
     from dflash_jax import checkpoint
     from dflash_jax.speculation import plan_for
 
     ck = checkpoint.load_target(tiny_models["qwen3"][2])
     tok = ck.tokenizer()
     gated = lambda **kw: plan_for(ck, "random", tok, **kw).draft_gate  # noqa: E731
-    assert gated(sampled=True, backend="cpu") and not gated(sampled=False, backend="cpu")
-    assert not gated(sampled=True, backend="gpu") and not gated(sampled=True, backend="cpu", verify_lengths="1,4")
-    assert gated(sampled=False, backend="cpu", draft_gate="on") and not gated(sampled=True, draft_gate="off")
-    assert not plan_for(ck, "ngram", tok, sampled=True, backend="cpu").draft_gate  # prompt lookup alone: no forward
+    assert not any(gated(sampled=t, backend=b) for t in (False, True) for b in ("cpu", "gpu"))
+    assert gated(sampled=True, backend="cpu", draft_gate="on") and gated(sampled=False, backend="cpu", draft_gate="on")
+    assert not gated(sampled=True, backend="cpu", draft_gate="off")
     with pytest.raises(ValueError, match="verify lengths that start at 1"):
         plan_for(ck, "random", tok, backend="gpu", draft_gate="on")  # an accelerator verifies the block
