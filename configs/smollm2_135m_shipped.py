@@ -6,21 +6,23 @@ about 1.3 h on 2 CPU cores), kept as trained in ``assets/smollm2-135m-instruct-d
 stage 8 with a longer reach (``experiments/longer_reach.py``, the last command below, no training): prompt-lookup
 matches of up to 16 tokens, each longer length with a copy-bias row at ``copy_bias`` (30), and continuations that
 go on past the anchor with the match's period (``ngram_periodic``); its tau at block 16 decoded on 40 prompts a set
-is above stage 8's as trained on all five sets (docs/BENCHMARKS.md, "A longer reach for the block input"). Stage 8 starts from stage 7 (``assets/smollm2-135m-instruct-dflash-long1024``: 1024 steps of
-the same objective on 66 shards, ``experiments/smollm2/smollm2_135m_long38.py``, itself continuing stage 6, the
-drafter shipped before it, kept as ``assets/smollm2-135m-instruct-dflash-stage6``). The drafter is DFlash 2: 2 layers
-reading target layers 1, 14, 27, block 16, grouped dynamic causal convolutions of kernel 2 over groups of 16
-channels, a candidate selector of rank 64 over the head's top 16, prompt lookup's continuation as its block input
-where the last 2 or more committed tokens occurred before (mask tokens elsewhere) with a learned copy bias on its
-own learning rate (0.03). This stage: the answer's tokens on offsets 1..8, each weighted by the block's chance of
-reaching it (``position_weights="reach"``, issue 38's objective study), lr 5e-4, 4 x 384 tokens x 64 anchors a
-step, the target's features computed in the step, on the first 67 shards of ``data/smollm2-mix`` (8576 of the
-target's own answers, kept in git) with 32 answers of the first 2 held out, in the data order of seed 1 (stage 7
-drew seed 0's). Every field equals the shipped drafter's ``train_config.json`` but ``out_dir`` and ``init_from``:
-the run started from stage 7's float32 drafter (``runs/long38_1024/drafter``, not in git); the repository keeps
-its bfloat16 copy, so a rerun from it starts within bfloat16 rounding of the shipped run. The studies that chose
-this recipe are in ``experiments/smollm2/`` (docs/BENCHMARKS.md, "The shipped SmolLM2 drafter" and "Issue 38's long
-run: stages 7 and 8").
+is above stage 8's as trained on all five sets (docs/BENCHMARKS.md, "A longer reach for the block input").
+
+Stage 8 starts from stage 7 (``assets/smollm2-135m-instruct-dflash-long1024``: 1024 steps of the same objective on
+66 shards, ``experiments/smollm2/smollm2_135m_long38.py``, itself continuing stage 6, the drafter shipped before it,
+kept as ``assets/smollm2-135m-instruct-dflash-stage6``). The drafter is DFlash 2: 2 layers reading target layers 1,
+14, 27, block 16, grouped dynamic causal convolutions of kernel 2 over groups of 16 channels, a candidate selector
+of rank 64 over the head's top 16, prompt lookup's continuation as its block input where the last 2 or more
+committed tokens occurred before (mask tokens elsewhere) with a learned copy bias on its own learning rate (0.03).
+This stage: the answer's tokens on offsets 1..8, each weighted by the block's chance of reaching it
+(``position_weights="reach"``, issue 38's objective study), lr 5e-4, 4 x 384 tokens x 64 anchors a step, the
+target's features computed in the step, on the first 67 shards of ``data/smollm2-mix`` (8576 of the target's own
+answers, kept in git) with 32 answers of the first 2 held out, in the data order of seed 1 (stage 7 drew seed 0's).
+Every field equals the shipped drafter's ``train_config.json`` but ``out_dir`` and ``init_from``: the run started
+from stage 7's float32 drafter (``runs/long38_1024/drafter``, not in git); the repository keeps its bfloat16 copy,
+so a rerun from it starts within bfloat16 rounding of the shipped run. The studies that chose this recipe are in
+``experiments/smollm2/`` (docs/BENCHMARKS.md, "The shipped SmolLM2 drafter" and "Issue 38's long run: stages 7 and
+8").
 
     .venv/bin/dflash-jax prepare-data --prompts ../shared/data/train/gsm8k_train.jsonl \\
         ../shared/data/train/alpaca_en_1k.json ../shared/data/train/alpaca_5000.json \\
