@@ -133,7 +133,7 @@ def test_shipped_drafter_is_the_default_and_equals_the_reference(smollm2, monkey
     assert as_shipped[0]["draft_vocab"]["ids"].shape[0] >= 4096
     ref = (DFlash2DraftModel if cfg.dflash2 else DFlashDraftModel).from_pretrained(folder, dtype=torch.float32).eval()
     as_reference = make_plan(  # what the reference reads of it: mask-token blocks, no copy bias
-        DraftStep(dataclasses.replace(cfg, block_input="mask", copy_bias=None), ck.cfg),
+        DraftStep(dataclasses.replace(cfg, block_input="mask", copy_bias=None, ngram_periodic=False), ck.cfg),
         {k: v for k, v in params.items() if k != "copy_bias"},
         block_size=16,
     )
