@@ -6,7 +6,8 @@ about 1.3 h on 2 CPU cores), kept as trained in ``assets/smollm2-135m-instruct-d
 stage 8 with a longer reach (``experiments/longer_reach.py``, the last command below, no training): prompt-lookup
 matches of up to 16 tokens, each longer length with a copy-bias row at ``copy_bias`` (30), and continuations that
 go on past the anchor with the match's period (``ngram_periodic``); its tau at block 16 decoded on 40 prompts a set
-is above stage 8's as trained on all five sets (docs/BENCHMARKS.md, "A longer reach for the block input").
+is above stage 8's as trained on all five sets (docs/BENCHMARKS.md, "Stage 8 with the longer reach, decoded and
+shipped").
 
 Stage 8 starts from stage 7 (``assets/smollm2-135m-instruct-dflash-long1024``: 1024 steps of the same objective on
 66 shards, ``experiments/smollm2/smollm2_135m_long38.py``, itself continuing stage 6, the drafter shipped before it,

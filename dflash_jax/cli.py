@@ -1047,7 +1047,7 @@ def cmd_bench(args) -> None:
                     "calibrate": args.calibrate,
                     # v3: auto as generate reads it; v4: on a CPU the hybrid, block 8; v5 (sampled only): the
                     # hybrid's DFlash rows trust their tempered q, as the drafter alone does (greedy unchanged);
-                    # v6: with a draft gate (sampled on a CPU, --draft-gate auto)
+                    # v6: with a draft gate (--draft-gate on)
                     "code": "speculation_for v4"
                     if sampling.greedy
                     else f"speculation_for v{6 if plans['default'].draft_gate else 5}",

@@ -1,7 +1,7 @@
 """Read an n-gram-input drafter with a longer reach: matches up to ``--ngram-max`` tokens, optionally
 continued past the anchor with the match's period (``--periodic``). No training.
 
-    .venv/bin/python experiments/longer_reach.py dflash_jax/assets/smollm2-135m-instruct-dflash \\
+    .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage8 \\
         /work/tmp/reach/n16_periodic --ngram-max 16 --periodic
 
 The weights stay as they are. The copy-bias table (``drafter.copy_prior``, one row per matched
@@ -9,8 +9,10 @@ length) gains rows for the longer matches, each at ``--new-rows`` (a number, as 
 ``init_from`` starts them at ``drafter.copy_bias``; or ``repeat``: the longest row the drafter had,
 so only which occurrence is read changes). ``ngram_periodic`` (``ngram.ngram_matches``' ``periodic``)
 fills the offsets after a continuation that reaches the anchor with the match's period instead of
-mask tokens. Writes the released format in float32 with the drafter's draft vocabulary, for
-``experiments/study_tau.py``: docs/BENCHMARKS.md, "A longer reach for the block input".
+mask tokens. Writes the released format (float32, or ``--dtype bfloat16``) with the drafter's draft
+vocabulary, for ``experiments/study_tau.py`` (docs/BENCHMARKS.md, "A longer reach for the block input"); with
+``--with-record`` also a shipped folder's record, the README saying how it is read: the package's drafter was made
+so from stage 8 (docs/BENCHMARKS.md, "Stage 8 with the longer reach, decoded and shipped").
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def main() -> None:
                 (tmp / "README.md").write_text(readme + note)
     except DFlashError as e:
         sys.exit(f"longer_reach: {e}")
-    print(f"wrote {args.out}: n-gram reach {cfg.ngram_max}..{cfg.ngram_min}, periodic {cfg.ngram_periodic}")
+    print(f"wrote {args.out}: n-gram reach {cfg.ngram_min}..{cfg.ngram_max}, periodic {cfg.ngram_periodic}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ on past the anchor with the match's period (``ngram_periodic``: a loop continued
 2.97 / 2.38 / 2.34 against stage 8's 3.52 / 3.33 / 2.86 / 2.36 / 2.29 (docs/BENCHMARKS.md, "A longer reach
 for the block input"). The rest is stage 8's recipe (``experiments/smollm2/smollm2_135m_long38.py``)
 with another data order (seed 2; it also draws another held-out split, so its validation figures do not compare
-with stage 8's). Resumable:
+with stage 8's). Outcome (2026-12-06): below stage 8 read with the same reach untrained, GSM8K 3.48, MATH-500 3.28,
+HumanEval 2.91 on those answers (``docs/bench/issue38/stage9_tau40.jsonl``); not shipped. Resumable:
 
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_stage9.py
 """
