@@ -771,7 +771,6 @@ class Decoder:
         self.draft_cost = plan.draft_cost if plan is not None else None
         self._compiled: dict[tuple, tuple] = {}
         self._measured: dict[tuple, tuple[float, ...]] = {}
-        self._verify_timers: dict[tuple, list] = {}
         self._sink = None  # where the streaming callback sends each round's tokens (one stream at a time)
         self._stream_lock = threading.Lock()
 
@@ -783,14 +782,13 @@ class Decoder:
         need = max(prompt_lens) + max_new_tokens + max(self.block_size, self.tree_size + 1)  # a round writes a block
         cache_len = max(-(-need // 256) * 256, p)
         max_rounds = max_new_tokens  # every round commits at least one token
-        lengths = self.verify_lengths
         return LoopShape(
             bucket(len(prompt_lens), 1),
             p,
             cache_len,
             self.block_size,
             max_rounds,
-            lengths,
+            self.verify_lengths,
             self.calibrate,
             self.draft_gate,
         )
@@ -827,7 +825,7 @@ class Decoder:
         if stored is not None:
             self._measured[key] = stored
             return stored
-        times = _median_times(self._verify_timers_for(batch, cache_len), repeats)
+        times = _median_times(self._verify_timers(batch, cache_len), repeats)
         costs = [round(t / times[0], 2) for t in times]
         for i in range(1, len(costs)):  # never cheaper when longer (timing noise)
             costs[i] = max(costs[i], costs[i - 1])
@@ -846,7 +844,7 @@ class Decoder:
         file_key = json_sha256((self.cost_key(batch, cache_len), self._draft_signature()), 32)
         stored = _valid_costs(read_verify_costs().get(file_key), 1)
         if stored is None:
-            plain = self._verify_timers_for(batch, cache_len)[0]  # verify lengths start at 1 under a gate
+            plain = self._verify_timers(batch, cache_len)[0]  # verify lengths start at 1 under a gate
             times = _median_times([plain, self._timed_draft(batch, cache_len)], repeats)
             stored = (max(0.01, round(times[1] / times[0], 2)),)
             write_verify_costs(file_key, stored)
@@ -858,12 +856,10 @@ class Decoder:
         its parameters (a draft vocabulary's length among them)."""
         return (repr(self.drafter), self.block_size, _signature(self.drafter_params))
 
-    def _verify_timers_for(self, batch: int, cache_len: int) -> list:
-        """One callable per verify length running it as a round does, compiled once per shape: one compiled
-        ``lax.switch`` over the lengths (``verify_block``, outputs padded to the block), then the commit."""
-        key = (batch, cache_len)
-        if key in self._verify_timers:
-            return self._verify_timers[key]
+    def _verify_timers(self, batch: int, cache_len: int) -> list:
+        """One callable per verify length running it as a round does: one compiled ``lax.switch`` over the
+        lengths (``verify_block``, outputs padded to the block), then the commit. Not kept: the cache it runs
+        on is as large as the loop's."""
         taps = self.drafter.tap_layers if self.drafter is not None else ()
         kw = dict(cfg=self.cfg, taps=taps, sampling=self.sampling)
 
@@ -884,9 +880,7 @@ class Decoder:
 
         cache, block = init_cache(self.cfg, batch, cache_len), jnp.zeros((batch, self.block_size), jnp.int32)
         fn = jax.jit(verify).lower(self.params, cache, block, jnp.int32(0)).compile()
-        timers = [partial(fn, self.params, cache, block, jnp.int32(i)) for i in range(len(self.verify_lengths))]
-        self._verify_timers[key] = timers
-        return timers
+        return [partial(fn, self.params, cache, block, jnp.int32(i)) for i in range(len(self.verify_lengths))]
 
     def _timed_draft(self, batch: int, cache_len: int):
         """A compiled draft as a round runs it, ready to time: ``propose`` on ``batch`` rows at position 0
