@@ -101,8 +101,9 @@ def _add_speculation(p) -> None:
         metavar="off|auto|N",
         help="with a DFlash drafter: verify a draft tree of N nodes per round (the best-first tree of the drafter's "
         "per-offset distributions, with prompt lookup's continuations as branches when --prompt-lookup is on; "
-        "lossless, at any temperature), or one chain (off); auto: a tree where one is measured faster (the shipped "
-        "drafter on a CPU, greedy: 7 nodes), chains elsewhere. Not for Gated DeltaNet targets (Qwen3.5)",
+        "lossless, at any temperature), or one chain (off); auto: a tree where one is measured faster, chains "
+        "elsewhere (today chains everywhere: with the drafter shipped now a tree measured slower on a CPU). Not for "
+        "Gated DeltaNet targets (Qwen3.5)",
     )
     p.add_argument(
         "--draft-gate",
@@ -502,10 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         choices=["on", "off"],
         help="also measure the default settings: what generate does with the same --drafter, --prompt-lookup, "
-        "--verify-lengths and --tree, at generate's default block (not --block-size; with --drafter auto on a CPU, "
-        "greedy: the shipped drafter's 7-node tree with prompt lookup's branches at block 8, --tree auto); where "
-        "that is a tree, also the same settings without trees (row 'chains'), and where it has a draft gate, the "
-        "same drafting every round (row 'ungated'), each interleaved with it",
+        "--verify-lengths and --tree, at generate's default block (not --block-size; with --drafter auto on a CPU: "
+        "the shipped drafter beside prompt lookup at block 8); where that is a tree, also the same settings "
+        "without trees (row 'chains'), and where it has a draft gate, the same drafting every round (row "
+        "'ungated'), each interleaved with it",
     )
 
     d = sub.add_parser(
@@ -1146,9 +1147,8 @@ def cmd_demo(args) -> None:
     print(
         "the defaults verify each round as many draft tokens as they expect to pay for, from round costs measured "
         "on this machine; on a CPU with a drafter shipped (where a 16-token verify costs 2-3.8 plain steps, by "
-        "machine) they verify a draft tree of 7 nodes (--tree auto): prompt lookup's branches where the last 2 "
-        "tokens occurred before, the drafter's tree elsewhere, at block 8 (or the drafter's, if smaller). "
-        "docs/BENCHMARKS.md has the tables"
+        "machine) they take prompt lookup's draft where the last 2 tokens occurred before and the drafter's "
+        "elsewhere, at block 8 (or the drafter's, if smaller). docs/BENCHMARKS.md has the tables"
     )
 
 

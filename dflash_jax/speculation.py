@@ -58,13 +58,15 @@ CPU_BLOCK_SIZE = 8
 # "Draft trees").
 TREE_LOOKUP_BRANCHES = 3
 
-# ``--tree auto``'s node budget for the shipped drafter on a CPU (measured with stage 6): 7 nodes, so a round
-# verifies at most 8 positions, the chains' CPU block (a verify is compute-bound there: 17 positions cost 2.4x
-# one, 8 cost 1.6x). Interleaved with the chains, 20 prompts a set: GSM8K 1.77x plain against 1.73x, the five sets
-# 1.51x against 1.48x, no set slower (docs/BENCHMARKS.md "Draft trees"). Elsewhere (sampled decoding, where
-# the tree's tau was the chains' and its speed lower on 15 prompts; another drafter; an accelerator) ``auto``
-# verifies chains until a tree is measured faster there.
-CPU_TREE_BUDGET = 7
+# ``--tree auto``'s node budget for the shipped drafter on a CPU, greedy; 0: chains. A tree pays there only
+# through the tokens it adds per position verified (a verify is compute-bound: 17 positions cost 2.4x one, 8
+# cost 1.6x). With stage 6 a 7-node tree (widths up to 8, the chains' CPU block) was 1.012 +- 0.005x the
+# chains' speed prompt by prompt on an AMD EPYC machine (200 prompts; stage 8 as trained: 1.008 +- 0.006x).
+# With the drafter shipped now (stage 8 read with a longer reach, whose chain already carries prompt lookup's
+# long copies) on an Intel Xeon machine it was 0.974 +- 0.006x (slower on four sets; MT-Bench 0.941 +- 0.010x
+# alone), so ``auto`` verifies chains until a tree is measured faster with it (docs/BENCHMARKS.md "Draft
+# trees"); ``--tree 7`` gives that tree. Sampled decoding, another drafter and an accelerator verify chains too.
+CPU_TREE_BUDGET = 0
 
 # What --drafter takes besides a folder.
 DRAFTER_NAMES = ("auto", "none", "random", "ngram")
@@ -334,7 +336,7 @@ def load(spec: str, ck: TargetCheckpoint, tok, *, seed: int = 0, draft_vocab: in
 
 def parse_tree(value: int | str | None) -> int | str:
     """``--tree`` as a node budget: ``None``/``"off"``/0 -> 0 (chains), ``"auto"`` as it is (``plan_for``
-    decides: ``CPU_TREE_BUDGET``), else a whole number >= 2.
+    decides: ``CPU_TREE_BUDGET`` where one is measured faster, else chains), else a whole number >= 2.
 
     Raises:
       ValueError: anything else.
@@ -406,11 +408,12 @@ def plan_for(
     CPU default"); with no drafter shipped, prompt lookup alone. The other arguments: as
     ``make_plan`` (``verify_lengths`` default ``"auto"``, as ``generate``'s).
 
-    ``tree``: ``None``/``"off"``: chains; ``"auto"`` (the default, as ``generate``'s): the shipped drafter
-    on a CPU with prompt lookup, decoding greedily (``sampled`` False) at the default block size and
-    verify lengths, verifies a tree of ``CPU_TREE_BUDGET`` nodes; everything else chains (where no
-    tree is measured faster yet: sampled decoding, another drafter, an accelerator; never a Gated
-    DeltaNet target); a number ``N``: a DFlash drafter's best-first tree of ``N`` nodes a round
+    ``tree``: ``None``/``"off"``: chains; ``"auto"`` (the default, as ``generate``'s): a tree where one is
+    measured faster, else chains. The rule: the shipped drafter on a CPU with prompt lookup, decoding greedily
+    (``sampled`` False) at the default block size and verify lengths, verifies a tree of ``CPU_TREE_BUDGET``
+    nodes, today 0 (chains: with the drafter shipped now the 7-node tree measured slower than its chains);
+    everything else chains (sampled decoding, another drafter, an accelerator; never a Gated DeltaNet
+    target); a number ``N``: a DFlash drafter's best-first tree of ``N`` nodes a round
     (``tree_step.TreeStep``; docs/TREES.md), with prompt lookup's continuations after
     the ``TREE_LOOKUP_BRANCHES`` best earlier occurrences as branches when ``prompt_lookup``. On a CPU
     a row with a match then takes the branches alone (the drafter's forward skipped when every row
@@ -457,7 +460,7 @@ def plan_for(
     gate = parse_draft_gate(draft_gate)
     settings["draft_gate"] = False if gate == "auto" else gate  # auto: nowhere measured faster yet
     auto_on_cpu = not isinstance(loaded, str) and loaded.shipped and on_cpu
-    if budget == "auto":  # a tree where one is measured faster than chains: the shipped drafter on a CPU
+    if budget == "auto":  # a tree where one is measured faster than chains (CPU_TREE_BUDGET; 0 today)
         # and only at the defaults' own block and widths: a --block-size or --verify-lengths asked for gets chains
         defaults = block_size is None and verify_lengths == "auto"
         measured = auto_on_cpu and prompt_lookup and defaults and not sampled

@@ -276,11 +276,12 @@ def test_bench_cli_end_to_end_and_resume(bench_setup, tmp_path, monkeypatch, cap
 
 def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(bench_setup, tmp_path, monkeypatch):
     """The 'default' row decodes as ``generate`` would with the same ``--drafter``: with ``auto`` on
-    a CPU that is the shipped drafter's 7-node tree with prompt lookup's branches at ``CPU_BLOCK_SIZE``
-    (``speculation.plan_for``, ``--tree auto``), then the same chains interleaved (the shipped drafter
-    beside prompt lookup), not the drafter alone that the DFlash rows measure; with a folder it is
-    that drafter beside prompt lookup (``HybridStep``) at the drafter's block size."""
-    from dflash_jax import cli, hub
+    a CPU that is the shipped drafter beside prompt lookup at ``CPU_BLOCK_SIZE`` (``speculation.plan_for``;
+    where ``--tree auto`` verifies a tree, as with ``CPU_TREE_BUDGET`` 7 patched in here, the tree with prompt
+    lookup's branches, then the same chains interleaved as row 'chains'), not the drafter alone that the
+    DFlash rows measure; with a folder it is that drafter beside prompt lookup (``HybridStep``) at the
+    drafter's block size."""
+    from dflash_jax import cli, hub, speculation
     from dflash_jax.drafter import DraftStep
     from dflash_jax.ngram import HybridStep
     from dflash_jax.speculation import CPU_BLOCK_SIZE
@@ -297,13 +298,14 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             made.append(self)
 
     monkeypatch.setattr(cli, "Decoder", Spy)
+    monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)  # a tree measured faster (stage 6's): the 'chains' row
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()
         out = tmp_path / spec.replace("/", "_") / "r.json"
         argv = ["bench", "--target", str(ck.path), "--drafter", spec, "--dataset", "gsm8k", "--max-samples", "1"]
         argv += ["--max-new-tokens", "6", "--block-size", "4", "--json-out", str(out), "--no-progress"]
         cli.main(argv)
-        if spec == "auto":  # --tree auto: a tree of 7 nodes on a CPU, then the same chains ('chains')
+        if spec == "auto":  # --tree auto, a tree measured faster: its 7 nodes on a CPU, then the same chains
             default, chains = made[-2:]
             assert isinstance(default.drafter, TreeStep) and default.tree_size == 7 and default.drafter.skip_drafter
             assert default.block_size == 8 and default.verify_lengths == (1, 2, 4, 8)

@@ -149,7 +149,7 @@ def test_demo_loads_the_shipped_drafter_once_and_prints_every_row(tiny_models, t
         "plain",
         "DFlash alone",
         "prompt lookup alone",
-        "the defaults: DFlash tree of 7 nodes with prompt-lookup branches",  # --tree auto with a shipped drafter
+        "the defaults: DFlash + prompt lookup",  # --tree auto with a shipped drafter: chains (CPU_TREE_BUDGET 0)
     ]
     assert "block 4" in rows[1] and "block 4, verify lengths auto" in rows[3]  # the drafter's own block, not 16
     with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):

@@ -557,12 +557,17 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     costs = dec.costs_for(dec.shape_for([7], 8)).tolist()  # timed on the tree verify at each width
     assert len(costs) == 5 and costs[0] == 1.0 and costs == sorted(costs)
     assert parse_tree(None) == parse_tree("off") == 0 and parse_tree("16") == 16 and parse_tree("auto") == "auto"
-    # --tree auto: a tree where one is measured faster (the shipped drafter on a CPU, with prompt lookup)
+    # --tree auto: a tree where one is measured faster (the shipped drafter on a CPU, with prompt lookup, greedy):
+    # today nowhere (CPU_TREE_BUDGET 0), so chains; the rule, with the 7 nodes stage 6 was measured faster at
     shipped = dataclasses.replace(speculation.load("random", ck, tok), shipped=True)
+    assert speculation.CPU_TREE_BUDGET == 0 and type(plan_for(ck, shipped, tok).step).__name__ == "HybridStep"
+    asked = plan_for(ck, shipped, tok, tree=7)  # the tree stage 6 verified by default: the chains' block and widths
+    assert asked.block_size == min(speculation.CPU_BLOCK_SIZE, shipped.cfg.block_size) and asked.step.skip_drafter
+    assert asked.verify_lengths == (1, 2, 4, 8)
+    monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)
     auto = plan_for(ck, shipped, tok, tree="auto")
-    assert isinstance(auto.step, TreeStep) and auto.step.tree_size == speculation.CPU_TREE_BUDGET == 7
-    assert auto.block_size == min(speculation.CPU_BLOCK_SIZE, shipped.cfg.block_size) and auto.step.skip_drafter
-    assert auto.verify_lengths == (1, 2, 4, 8)  # at most the chains' CPU block
+    assert isinstance(auto.step, TreeStep) and auto.step.tree_size == 7 and auto.step.skip_drafter
+    assert (auto.block_size, auto.verify_lengths) == (asked.block_size, asked.verify_lengths)
     assert type(plan_for(ck, shipped, tok, tree="auto", backend="tpu").step).__name__ == "HybridStep"
     assert type(plan_for(ck, shipped, tok, tree="auto", prompt_lookup=False).step).__name__ == "DraftStep"
     assert type(plan_for(ck, shipped, tok, tree="auto", sampled=True).step).__name__ == "HybridStep"  # greedy only

@@ -1,6 +1,6 @@
 """Stage 9b of issue 38's long run for SmolLM2: the drafter shipped since 2026-12-06's sixth session (stage 8 read
 with a longer reach: matches up to 16 tokens, periodic continuations, the rows of 5-16-token matches at 30) trained
-512 more steps with its copy-bias table held where it is (``copy_bias_lr`` 1e-6: frozen in effect). Stage 9 trained
+384 more steps with its copy-bias table held where it is (``copy_bias_lr`` 1e-6: frozen in effect). Stage 9 trained
 the same reach with the table on its own learning rate (0.03) and lost what the reach gave: its rows for 2-4-token
 matches rose from about 15 to 18-21 logits, so coincidental short matches overrode the drafter's own tokens more
 (docs/BENCHMARKS.md, "A longer reach for the block input"). Here only the drafter's weights learn to read the longer
@@ -43,7 +43,7 @@ def get_config() -> ConfigDict:
     c.drafter.selector_top_k = 16
 
     c.train = ConfigDict()
-    c.train.steps = 512
+    c.train.steps = 384  # stage 9: 512 (384: what fits one session beside its tau study)
     c.train.batch_size = 4
     c.train.grad_accum = 1
     c.train.max_len = 384
