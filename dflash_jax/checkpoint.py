@@ -405,7 +405,10 @@ def resolve_target(path_or_name: str | Path) -> Path:
         return named
     path = Path(path_or_name).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"target {path_or_name!r} is neither a folder nor a known name ({hub.SMOLLM2})")
+        raise FileNotFoundError(
+            f"target {path_or_name!r} is neither a folder nor a known name ({hub.SMOLLM2}); make a folder from a "
+            "Hugging Face checkpoint or a GGUF file first: dflash-jax convert --hf DIR (or --gguf FILE) --out FOLDER"
+        )
     return path
 
 

@@ -447,6 +447,8 @@ def plan_for(
         if block_size not in (None, 1):
             why = "no drafter is shipped for this target" + ("" if prompt_lookup else " and prompt lookup is off")
             raise ValueError(f"--block-size {block_size}: --drafter {drafter} decodes plainly here ({why})")
+        if parse_tree(tree) not in (0, "auto"):
+            raise ValueError(f"--tree {tree}: --drafter {drafter} decodes plainly here; pass a drafter or --tree off")
         return None
     settings = dict(
         block_size=block_size,
@@ -466,7 +468,10 @@ def plan_for(
         measured = auto_on_cpu and prompt_lookup and defaults and not sampled
         budget = CPU_TREE_BUDGET if measured and not ck.cfg.has_linear_layers else 0  # DeltaNet: no per-node state
     if budget and isinstance(loaded, str):
-        raise ValueError(f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter")
+        raise ValueError(
+            f"--tree {tree}: a draft tree is built from a DFlash drafter's distributions; pass --drafter auto or a "
+            "drafter folder, or --tree off"
+        )
     if loaded == "ngram":
         return make_plan(ngram, label="prompt lookup alone", **settings)
     alone = DraftStep(loaded.cfg, ck.cfg)

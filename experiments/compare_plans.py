@@ -10,10 +10,12 @@ must equal plain decoding's (the script stops at the first that does not). A pla
 - ``chain:W``: the shipped drafter alone at block 8, every round verifying ``W`` positions;
 - ``tree:W`` / ``treel:W``: its tree of ``W - 1`` nodes, every node verified, alone / with prompt
   lookup's branches in every row's tree;
-- ``treela:W[:COSTS]``: as ``treel``, each row verifying its best nodes that pay (widths up to ``W``).
+- ``treela:W[:COSTS]``: as ``treel``, each row verifying its best nodes that pay (widths up to ``W``);
+- ``block:B[:COSTS]``: the defaults' chains (the shipped drafter beside prompt lookup, verify lengths auto)
+  at block ``B`` instead of ``speculation.CPU_BLOCK_SIZE``.
 
     .venv/bin/python experiments/compare_plans.py --sets gsm8k math500 humaneval mbpp mt-bench \\
-        --per-set 6 default:0 default:auto
+        --per-set 6 default:0 default:7
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def make(kind: str, n: str, rest: list[str], ck, tok, dr):
         return speculation.plan_for(
             ck, dr, tok, prompt_lookup=True, block_size=8, tree=w - 1, skip_drafter=False, verify_costs=costs
         )
-    raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela)")
+    if kind == "block":
+        return speculation.plan_for(ck, dr, tok, tree="off", block_size=w, verify_costs=costs)
+    raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block)")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ the accepted path's keys and values into place, and writing the drafter's contex
 the mean of 10 runs after a warm-up.
 
     .venv/bin/python experiments/profile_tree_round.py --budget 16
+    .venv/bin/python experiments/profile_tree_round.py --budget 7 --chain-length 8  # equal widths
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=16, help="tree nodes")
     ap.add_argument("--cache-len", type=int, default=768)
+    ap.add_argument("--chain-length", type=int, help="the chain verify's tokens (default: the drafter's block)")
     args = ap.parse_args()
     ck = checkpoint.load_target("smollm2-135m-instruct")
     plan = speculation.plan_for(ck, "auto", ck.tokenizer(), prompt_lookup=False, tree=args.budget, verify_lengths=None)
     step, dp, b, s = plan.step, plan.params, 1, args.cache_len
     bs = step.max_block_size
+    chain = args.chain_length or bs
     cache, dcache = init_cache(ck.cfg, b, s), step.init_cache(b, s)
     tokens = jnp.zeros((b, s + bs), jnp.int32)
     start, anchor, valid = jnp.full((b,), 200, jnp.int32), jnp.ones((b,), jnp.int32), jnp.full((b,), bs, jnp.int32)
@@ -57,8 +60,8 @@ def main() -> None:
         ),
         "sort_tree": timed(sort_tree, tree),
         "ancestor_mask": timed(ancestor_mask, tree),
-        f"target: verify a chain of {bs}": timed(
-            lambda c: verify_block(ck.params, jnp.zeros((b, bs), jnp.int32), start, c, bs, cfg=ck.cfg, taps=taps),
+        f"target: verify a chain of {chain}": timed(
+            lambda c: verify_block(ck.params, jnp.zeros((b, chain), jnp.int32), start, c, chain, cfg=ck.cfg, taps=taps),
             cache,
         ),
         f"target: verify the tree ({args.budget} nodes + anchor)": timed(

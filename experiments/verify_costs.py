@@ -1,6 +1,6 @@
 """How steady the decoder's timed verify costs are: ``Decoder.measure_verify_costs`` for the default plans
-with and without trees (``--tree auto`` / ``off``), timed afresh several times in one process (each into
-its own throw-away costs file, so nothing kept is read or changed).
+with and without trees (``--tree 7``, the CPU default until 2026-12-06, / ``off``), timed afresh several times in
+one process (each into its own throw-away costs file, so nothing kept is read or changed).
 
     .venv/bin/python experiments/verify_costs.py --times 2
 """
@@ -26,7 +26,7 @@ def main() -> None:
     drafter = speculation.load("auto", ck, tok)
     with tempfile.TemporaryDirectory() as tmp:
         for t in range(args.times):
-            for name, tree in (("tree", "auto"), ("chains", "off")):
+            for name, tree in (("tree", 7), ("chains", "off")):
                 os.environ["DFLASH_JAX_VERIFY_COSTS"] = os.path.join(tmp, f"{t}_{name}.json")
                 dec = Decoder(ck.params, ck.cfg, speculation.plan_for(ck, drafter, tok, tree=tree))
                 costs = dec.measure_verify_costs(1, args.cache_len, repeats=args.repeats)

@@ -298,6 +298,11 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
             made.append(self)
 
     monkeypatch.setattr(cli, "Decoder", Spy)
+    today = tmp_path / "today" / "r.json"  # --tree auto as it is (no tree measured faster): chains, no 'chains' row
+    argv = ["bench", "--target", str(ck.path), "--drafter", "auto", "--dataset", "gsm8k", "--max-samples", "1"]
+    cli.main([*argv, "--max-new-tokens", "6", "--block-size", "4", "--json-out", str(today), "--no-progress"])
+    assert type(made[-1].drafter) is HybridStep and made[-1].drafter.default_block == CPU_BLOCK_SIZE
+    assert json.loads(today.read_text())["settings"]["arms"][-1] == "default"
     monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)  # a tree measured faster (stage 6's): the 'chains' row
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()

@@ -407,7 +407,7 @@ def test_random_drafter_trees_are_token_identical_to_plain(tiny_models, family, 
             assert all(a <= v for a, v in zip(g.acceptance_lengths, g.verify_widths))
 
 
-def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
+def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models, monkeypatch):
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params
@@ -423,6 +423,7 @@ def test_a_tree_is_refused_by_a_recurrent_target_decoder(tiny_models):
     from dflash_jax import speculation
 
     assert ck.cfg.has_linear_layers
+    monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)  # where a tree is measured faster (0 today)
     shipped = dataclasses.replace(speculation.load("random", ck, ck.tokenizer()), shipped=True)
     assert type(speculation.plan_for(ck, shipped, ck.tokenizer(), tree="auto").step).__name__ == "HybridStep"
 
@@ -586,8 +587,11 @@ def test_tree_plans_and_their_checks(tiny_models, tmp_path, monkeypatch):
     for bad in ("16+ngram", "1+lookup", "+lookup", "x", "auto", "auto+lookup"):
         with pytest.raises(argparse.ArgumentTypeError, match="alone .16. or as 16\\+lookup"):
             _tree_arm(bad)
-    with pytest.raises(ValueError, match="a draft tree is built from a DFlash drafter"):
+    with pytest.raises(ValueError, match="a draft tree is built from a DFlash drafter.*or --tree off"):
         plan_for(ck, "ngram", tok, tree=8)
+    with pytest.raises(ValueError, match="--tree 8: --drafter none decodes plainly here; pass a drafter or --tree off"):
+        plan_for(ck, "none", tok, tree=8)
+    assert plan_for(ck, "none", tok, tree="off") is None
     with pytest.raises(ValueError, match=r"must lie in \[1, 9\] for a tree of 8 nodes"):
         make_plan(plan_for(ck, "random", tok, tree=8).step, verify_lengths=(1, 12))
     with pytest.raises(ValueError, match="the prompt-lookup branch needs at least 1 node"):
