@@ -49,7 +49,9 @@ NGRAM_CONFIDENCE = ((0.24, 0.68), (0.51, 0.78), (0.61, 0.79), (0.87, 0.95))
 
 # The block size of ``--drafter auto`` on a CPU: the drafter shipped then beside prompt lookup at block 8
 # decoded GSM8K 1.60x plain against prompt lookup alone's 1.27x (8 prompts a set; level over the five
-# sets, 1.31x both; `experiments/default_candidates.py`, docs/JOURNAL.md "The CPU default").
+# sets, 1.31x both; `experiments/default_candidates.py`, docs/JOURNAL.md "The CPU default"). Rechecked with the
+# drafter shipped now on an Intel Xeon: block 16 (widths up to 16) level with 8, 1.56x against 1.57x plain over 18
+# prompts (docs/BENCHMARKS.md, "The CPU block with the drafter shipped now").
 CPU_BLOCK_SIZE = 8
 
 # A tree's prompt-lookup branches: the 3 best earlier occurrences of the last tokens, a branch each. From
