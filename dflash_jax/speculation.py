@@ -445,11 +445,12 @@ def plan_for(
     loaded = load(drafter, ck, tok, seed=seed, draft_vocab=draft_vocab) if isinstance(drafter, str) else drafter
     if loaded == "none" and drafter == "auto" and prompt_lookup:  # nothing shipped: prompt lookup alone
         loaded = "ngram"
+    budget = parse_tree(tree)
     if loaded == "none":
         if block_size not in (None, 1):
             why = "no drafter is shipped for this target" + ("" if prompt_lookup else " and prompt lookup is off")
             raise ValueError(f"--block-size {block_size}: --drafter {drafter} decodes plainly here ({why})")
-        if parse_tree(tree) not in (0, "auto"):
+        if budget not in (0, "auto"):
             raise ValueError(f"--tree {tree}: --drafter {drafter} decodes plainly here; pass a drafter or --tree off")
         return None
     settings = dict(
@@ -459,7 +460,6 @@ def plan_for(
         calibrate=calibrate,
         backend=backend,
     )
-    budget = parse_tree(tree)
     on_cpu = (backend or jax.default_backend()) == "cpu"  # where a drafter forward is much of a round
     gate = parse_draft_gate(draft_gate)
     settings["draft_gate"] = False if gate == "auto" else gate  # auto: nowhere measured faster yet
