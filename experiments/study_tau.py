@@ -88,6 +88,9 @@ def main() -> None:
     )
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--per-set", type=int, default=20, help="first turns per set")
+    ap.add_argument(
+        "--skip", type=int, default=0, help="leave out each set's first SKIP first turns (a held-out split to tune on)"
+    )
     ap.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--ngram", choices=("on", "off"), default="on", help="also prompt lookup (n = 4 .. 1)")
     ap.add_argument("--out", type=Path, required=True, help="JSON lines, one per (drafter, set, prompt, block)")
@@ -118,7 +121,9 @@ def main() -> None:
     answers = []
     for name in args.sets:
         items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
+        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][
+            args.skip : args.skip + args.per_set
+        ]
         for r in rows:
             ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
             answers.append((name, r["id"], ids + r["output_ids"], len(ids)))

@@ -689,3 +689,89 @@ def test_a_mask_drafter_read_as_a_copy_drafter_drafts_prompt_lookup_then_itself(
             np.testing.assert_array_equal(guesses["copy"][j], guesses["mask"][j])
             kinds.add("none")
     assert kinds == {"none", "cut", "full"}, kinds
+
+
+def test_copy_rows_sets_and_shifts_copy_bias_rows():
+    """experiments/copy_rows.py: ``L=V`` sets a matched length's row (V may be negative), ``A-B+=D`` shifts a
+    range of rows by a signed D, in the order given; other rows and the weights stay; ``--ngram-min`` changes
+    only the config; rows past the table, a reversed range and a drafter without a table are refused."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from copy_rows import row_spec, with_rows
+    from helpers import TINY
+
+    from dflash_jax.drafter import DrafterConfig, init_drafter_params
+    from dflash_jax.errors import ConfigError
+
+    cfg = hf_format.read_config(dict(TINY, model_type="qwen3", vocab_size=VG))
+    dcfg = DrafterConfig.for_target(cfg, 1, 6, 3, block_input="ngram", ngram_max=4, ngram_min=2, copy_bias=5.0)
+    table = np.arange(20, dtype=np.float32).reshape(4, 5)
+    params = dict(init_drafter_params(dcfg, seed=0), copy_bias=table)
+    assert row_spec("2=-5") == (2, 2, "=", -5.0) and row_spec("3-4+=-1.5") == (3, 4, "+=", -1.5)
+    got, cfg1 = with_rows(
+        params, dcfg, 1, [row_spec("1=30"), row_spec("3-4+=2.5"), row_spec("4+=-1"), row_spec("2=-5")]
+    )
+    want = table.copy()
+    want[0], want[1], want[2], want[3] = 30.0, -5.0, table[2] + 2.5, table[3] + 1.5
+    np.testing.assert_array_equal(got["copy_bias"], want)
+    np.testing.assert_array_equal(params["copy_bias"], np.arange(20, dtype=np.float32).reshape(4, 5))  # not in place
+    assert (cfg1.ngram_min, cfg1.ngram_max) == (1, 4)
+    assert all(got[k] is params[k] for k in params if k != "copy_bias")
+    _, same = with_rows(params, dcfg, None, [])
+    assert same == dcfg
+    with pytest.raises(ConfigError, match="rows for 1..4-token matches"):
+        with_rows(params, dcfg, None, [row_spec("4-5=1")])
+    plain = DrafterConfig.for_target(cfg, 1, 6, 3)
+    with pytest.raises(ConfigError, match="no copy-bias table"):
+        with_rows(init_drafter_params(plain, seed=0), plain, None, [row_spec("1=1")])
+    with pytest.raises(argparse.ArgumentTypeError, match="A <= B"):
+        row_spec("4-3=1")
+    with pytest.raises(argparse.ArgumentTypeError, match="give L=V"):
+        row_spec("2:30")
+
+
+def test_lookup_vs_drafter_walks_prompt_lookup_as_study_tau():
+    """experiments/lookup_vs_drafter.py: its per-anchor prompt lookup, walked into rounds, gives study_tau.py's
+    prompt-lookup rounds; the run is the matched n where the match is shorter than 4 tokens, and in a loop the
+    whole way back to where the loop began (capped at 64); the answer's short-match record is causal and its
+    arithmetic as stated; the exact best choice of one chain a round is at least the greedy per-anchor one."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    from anchor_acceptance import simulated_rounds
+    from lookup_vs_drafter import best_choice_tau, lookup_at_anchors, short_record
+    from ngram_acceptance import propose
+    from study_tau import ngram_rounds
+
+    rng = np.random.default_rng(3)
+    loop = list(rng.integers(0, 50, 7))
+    for full in (list(rng.integers(0, 6, 90)), list(rng.integers(0, 50, 20)) + loop * 9, list(range(40))):
+        for block in (4, 16):
+            acc, runs = lookup_at_anchors(full, 5, block)
+            n = len(full)
+            acc = np.minimum(acc, n - 1 - (5 + np.arange(n - 6)))
+            assert simulated_rounds(acc) == ngram_rounds(full, 5, block)
+            matched = np.asarray([propose(full[: p + 1], block - 1)[1] for p in range(5, n - 1)])
+            assert (runs >= matched).all() and (runs[matched < 4] == matched[matched < 4]).all()
+            assert (acc[runs == 0] == 1).all()  # no match, no draft
+    full = list(rng.integers(50, 70, 26)) + loop * 12  # the loop's tokens never occur before it
+    _, runs = lookup_at_anchors(full, 5, 8)
+    for p in range(5 + 26 + 7, len(full) - 1):  # a whole period committed: the run reaches back to the loop's start
+        assert runs[p - 5] == min(64, p - 26 - 6), p
+    np.testing.assert_allclose(short_record(np.array([2, 1, 5, 1]), np.array([1, 1, 0, 2])), [0.5, 0.75, 0.5, 0.5])
+    lk, rn = rng.integers(1, 5, 50), rng.integers(0, 6, 50)
+    base = short_record(lk, rn)
+    for p in (0, 10, 49):  # what comes after anchor p never changes its record
+        lk2, rn2 = lk.copy(), rn.copy()
+        lk2[p:], rn2[p:] = rng.integers(1, 5, 50 - p), rng.integers(0, 6, 50 - p)
+        np.testing.assert_array_equal(short_record(lk2, rn2)[: p + 1], base[: p + 1])
+    cap = 60 - np.arange(60)  # as the tool caps them: no round past the answer's end
+    d, lk = np.minimum(rng.integers(1, 6, 60), cap), np.minimum(rng.integers(1, 6, 60), cap)
+    best = best_choice_tau([d], [lk])
+    greedy = simulated_rounds(np.maximum(d, lk))
+    assert best >= sum(greedy) / len(greedy) - 1e-12
+    assert best_choice_tau([d], [d]) == sum(simulated_rounds(d)) / len(simulated_rounds(d))
