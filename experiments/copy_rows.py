@@ -63,7 +63,6 @@ def main() -> None:
 
     from dflash_jax.drafter_io import export_released, load_drafter, stored_draft_vocab
     from dflash_jax.errors import DFlashError
-    from dflash_jax.utils import atomic_folder
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafter", help="an n-gram-input drafter folder with a copy-bias table")
@@ -82,17 +81,14 @@ def main() -> None:
     try:
         params, cfg, identity = load_drafter(src)
         params, cfg = with_rows(params, cfg, args.ngram_min, args.row)
-        with atomic_folder(Path(args.out), args.overwrite, kind="released-drafter") as tmp:
-            export_released(
-                params,
-                cfg,
-                tmp / "drafter",
-                target_identity=identity,
-                draft_vocab=stored_draft_vocab(src, cfg.vocab_size),
-            )
-            for f in (tmp / "drafter").iterdir():
-                f.rename(tmp / f.name)
-            (tmp / "drafter").rmdir()
+        export_released(  # atomic: a folder already at OUT stays unless --overwrite
+            params,
+            cfg,
+            args.out,
+            target_identity=identity,
+            overwrite=args.overwrite,
+            draft_vocab=stored_draft_vocab(src, cfg.vocab_size),
+        )
     except DFlashError as e:
         sys.exit(f"copy_rows: {e}")
     print(f"wrote {args.out}: n-gram reach {cfg.ngram_min}..{cfg.ngram_max}")

@@ -24,8 +24,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from anchor_acceptance import acceptance_at_anchors, simulated_rounds
-from ngram_acceptance import SETS, _match, accepted, recorded_answers
+from anchor_acceptance import simulated_rounds
+from ngram_acceptance import SETS, accepted, first_turns, matched_occurrence
+from study_tau import at_block_size, drafter_lengths
 
 
 def lookup_at_anchors(full: list[int], start: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -33,13 +34,8 @@ def lookup_at_anchors(full: list[int], start: int, block: int) -> tuple[np.ndarr
     anchor ``start .. len(full) - 2``."""
     acc, runs = [], []
     for p in range(start, len(full) - 1):
-        seq = full[: p + 1]
-        draft, n, end = _match(seq, block - 1, 4, 1)
-        run = 0
-        if n:
-            while run < 64 and end - run >= 0 and seq[end - run] == seq[p - run]:
-                run += 1
-        acc.append(1 + accepted(draft, full, p))
+        draft, run = matched_occurrence(full[: p + 1], block - 1)
+        acc.append(1 + accepted(draft, full, p))  # at most the anchors left: accepted stops at the answer's end
         runs.append(run)
     return np.asarray(acc), np.asarray(runs)
 
@@ -52,10 +48,9 @@ def main() -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from dflash_jax import checkpoint, prompts
+    from dflash_jax import checkpoint
     from dflash_jax.bench import drafter_fingerprint
     from dflash_jax.drafter_io import load_drafter, read_draft_vocab
-    from dflash_jax.tokens import chat_ids
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=Path, required=True, help="one bench run's .records.jsonl or a folder")
@@ -78,36 +73,22 @@ def main() -> None:
             r = json.loads(line)
             if r.get("key") == key:  # another drafter's, block's or vocabulary's lengths are not these
                 done[(r["set"], r["id"])] = r
-    if dcfg.copy_bias is not None:
-        dparams = dict(dparams, copy_bias=dparams["copy_bias"][:, : args.block - 1])
-    import dataclasses
-
-    dcfg = dataclasses.replace(dcfg, block_size=args.block)
+    dparams, dcfg = at_block_size(dparams, dcfg, args.block)
     ck = checkpoint.load_target("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target("smollm2-135m-instruct")))
     thresholds = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 65)
     for name in args.sets:
-        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][
-            args.skip : args.skip + args.per_set
-        ]
-        for r in tqdm(rows, desc=name, leave=False):
-            if (name, r["id"]) in done:
+        turns = first_turns(args.records, name, tok, args.skip, args.per_set)
+        for pid, full, start in tqdm(turns, desc=name, leave=False):
+            if (name, pid) in done:
                 continue
-            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
-            full, start = ids + r["output_ids"], len(ids)
-            b, n = args.block, len(full)
-            tokens = np.asarray(full + [0] * b, np.int32)
-            a = acceptance_at_anchors(ck, dparams, dcfg, tokens, np.arange(len(tokens)) >= start, vocab=vocab)
-            a = np.minimum(a[: n - 1 - start], n - 1 - (start + np.arange(n - 1 - start)))
-            lk, runs = lookup_at_anchors(full, start, b)
-            lk = np.minimum(lk, n - 1 - (start + np.arange(n - 1 - start)))
-            rec = dict(set=name, id=r["id"], key=key, drafter=a.tolist(), lookup=lk.tolist(), run=runs.tolist())
-            done[(name, r["id"])] = rec
+            a = drafter_lengths(ck, dparams, dcfg, full, start, vocab)
+            lk, runs = lookup_at_anchors(full, start, args.block)
+            rec = dict(set=name, id=pid, key=key, drafter=a.tolist(), lookup=lk.tolist(), run=runs.tolist())
+            done[(name, pid)] = rec
             with args.out.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
-        ids = {r["id"] for r in rows}
-        recs = [v for (s, i), v in done.items() if s == name and i in ids]
+        recs = [done[(name, pid)] for pid, _, _ in turns if (name, pid) in done]
         if not recs:
             continue
         report(name, recs, thresholds)

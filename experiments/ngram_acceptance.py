@@ -38,6 +38,19 @@ def recorded_answers(records: Path, name: str) -> list[dict]:
     return [r for r in rows if r.get("dataset", name) == name]
 
 
+def first_turns(records: Path, name: str, tok, skip: int = 0, count: int = 20) -> list[tuple[str, list[int], int]]:
+    """Set ``name``'s recorded first turns ``skip .. skip + count`` (``recorded_answers``, in the run's order):
+    ``(prompt id, prompt + answer token ids, index of the first answer token)``, the prompt re-encoded
+    with the target's chat template."""
+    items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
+    rows = [r for r in recorded_answers(records, name) if r["turn"] == 0 and r["id"] in items][skip : skip + count]
+    out = []
+    for r in rows:
+        ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
+        out.append((r["id"], ids + r["output_ids"], len(ids)))
+    return out
+
+
 def propose(seq: list[int], k: int, nmax: int = 4, nmin: int = 1) -> tuple[list[int], int]:
     """The rule for committed tokens ``seq`` (anchor last): (draft, matched length n; 0: none)."""
     draft, n, _ = _match(seq, k, nmax, nmin)
@@ -60,17 +73,23 @@ def _match(seq: list[int], k: int, nmax: int, nmin: int) -> tuple[list[int], int
 RUN_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # upper ends of the full-match-length bins
 
 
-def matched_run(seq: list[int], k: int, cap: int = 64) -> tuple[list[int], int]:
-    """``propose(seq, k)``'s draft (n = 4 .. 1) and the bin (``RUN_BUCKETS``) of the full length, up to ``cap``,
-    of the common suffix of the committed tokens and the occurrence that matched (0: no match). The
-    rule matches at most 4 tokens; in a loop the occurrence agrees much further back."""
+def matched_occurrence(seq: list[int], k: int, cap: int = 64) -> tuple[list[int], int]:
+    """``propose(seq, k)``'s draft (n = 4 .. 1) and the full length, up to ``cap``, of the common suffix of
+    the committed tokens and the occurrence that matched (0: no match). The rule matches at most 4 tokens;
+    in a loop the occurrence agrees much further back."""
     draft, n, end = _match(seq, k, 4, 1)
     if not n:
         return draft, 0
     s, run = len(seq) - 1, 0
     while run < cap and end - run >= 0 and seq[end - run] == seq[s - run]:
         run += 1
-    return draft, next(b for b in RUN_BUCKETS if run <= b)
+    return draft, run
+
+
+def matched_run(seq: list[int], k: int, cap: int = 64) -> tuple[list[int], int]:
+    """``matched_occurrence`` with the length as its bin (``RUN_BUCKETS``; 0: no match)."""
+    draft, run = matched_occurrence(seq, k, cap)
+    return draft, next(b for b in RUN_BUCKETS if run <= b) if run else 0
 
 
 def accepted(draft: list[int], full: list[int], pos: int) -> int:
@@ -121,13 +140,9 @@ def main() -> None:
 
     folder = checkpoint.resolve_target("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    answers = []
-    for name in SETS:
-        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
-        for r in rows:
-            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
-            answers.append((name, ids + r["output_ids"], len(ids)))
+    answers = [
+        (name, full, start) for name in SETS for _, full, start in first_turns(args.records, name, tok, 0, args.per_set)
+    ]
 
     # 1. acceptance by matched length n (the rule's, up to 4) and by the full matched length (its
     # bin, up to 64), every proposed token verified; 2. the policy with each table, the whole block,

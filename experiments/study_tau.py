@@ -37,18 +37,24 @@ from pathlib import Path
 
 import numpy as np
 from anchor_acceptance import acceptance_at_anchors, simulated_rounds
-from ngram_acceptance import SETS, accepted, propose, recorded_answers
+from ngram_acceptance import SETS, accepted, first_turns, propose
 
 
-def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -> list[int]:
-    """Acceptance lengths of the rounds of a greedy decode of ``full`` (prompt + answer) from its
-    first answer token (index ``start``) with this drafter (and draft vocabulary ``vocab``, token
-    ids or None), the last cut where ``full`` ends."""
+def drafter_lengths(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -> np.ndarray:
+    """This drafter's (and draft vocabulary ``vocab``'s, token ids or None) acceptance length at every
+    anchor ``start .. len(full) - 2`` of ``full`` (prompt + answer; ``start`` its first answer token),
+    each cut where ``full`` ends."""
     b, n = dcfg.block_size, len(full)
     tokens = np.asarray(full + [0] * b, np.int32)  # a whole block after every anchor; the padding is cut below
     mask = np.arange(len(tokens)) >= start
     a = acceptance_at_anchors(ck, dparams, dcfg, tokens, mask, vocab=vocab)[: n - 1 - start]  # anchors start .. n-2
-    return simulated_rounds(np.minimum(a, n - 1 - (start + np.arange(len(a)))))
+    return np.minimum(a, n - 1 - (start + np.arange(len(a))))
+
+
+def drafter_rounds(ck, dparams, dcfg, full: list[int], start: int, vocab=None) -> list[int]:
+    """Acceptance lengths of the rounds of a greedy decode of ``full`` from its first answer token
+    (index ``start``) with this drafter, the last cut where ``full`` ends (``drafter_lengths``)."""
+    return simulated_rounds(drafter_lengths(ck, dparams, dcfg, full, start, vocab))
 
 
 def at_block_size(dparams, dcfg, block: int):
@@ -73,10 +79,9 @@ def main() -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from dflash_jax import checkpoint, prompts
+    from dflash_jax import checkpoint
     from dflash_jax.bench import drafter_fingerprint
     from dflash_jax.drafter_io import load_drafter, read_draft_vocab
-    from dflash_jax.tokens import chat_ids
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", nargs="*", default=[], help="label=folder (a run's best/ or a released drafter)")
@@ -118,15 +123,9 @@ def main() -> None:
         arms[label] = (dparams, dcfg, fp, vocab)
     ck = checkpoint.load_target("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(str(checkpoint.resolve_target("smollm2-135m-instruct")))
-    answers = []
-    for name in args.sets:
-        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][
-            args.skip : args.skip + args.per_set
-        ]
-        for r in rows:
-            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
-            answers.append((name, r["id"], ids + r["output_ids"], len(ids)))
+    answers = [
+        (name, *turn) for name in args.sets for turn in first_turns(args.records, name, tok, args.skip, args.per_set)
+    ]
     done = set()
     if args.out.exists():
         for line in args.out.read_text().splitlines():

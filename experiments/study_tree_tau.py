@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from anchor_acceptance import simulated_rounds
-from ngram_acceptance import SETS, recorded_answers
+from ngram_acceptance import SETS, first_turns
 
 
 @functools.cache
@@ -219,10 +219,9 @@ def main() -> None:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from dflash_jax import checkpoint, prompts
+    from dflash_jax import checkpoint
     from dflash_jax.drafter_io import load_drafter, read_draft_vocab, resolve_drafter
     from dflash_jax.speculation import TREE_LOOKUP_BRANCHES
-    from dflash_jax.tokens import chat_ids
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="auto", help="a drafter folder, or auto (the shipped one)")
@@ -261,16 +260,12 @@ def main() -> None:
         done = {(r["set"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sets:
-        items = {p.id: p for p in prompts.load_eval_prompts(name, max_turns=1)}
-        rows = [r for r in recorded_answers(args.records, name) if r["turn"] == 0 and r["id"] in items][: args.per_set]
-        for r in tqdm(rows, desc=name, leave=False):
-            if (name, r["id"]) in done:
+        for pid, full, start in tqdm(first_turns(args.records, name, tok, 0, args.per_set), desc=name, leave=False):
+            if (name, pid) in done:
                 continue
-            ids = chat_ids(tok, [{"role": "user", "content": items[r["id"]].turns[0]}])
-            full = ids + r["output_ids"]
             branches = args.lookup_branches if args.lookup_branch else 0
-            chain, tree = acceptance(ck, dparams, dcfg, full, len(ids), args.budgets, vocab, lookup=branches)
-            rec = {"set": name, "id": r["id"], "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
+            chain, tree = acceptance(ck, dparams, dcfg, full, start, args.budgets, vocab, lookup=branches)
+            rec = {"set": name, "id": pid, "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
             rec["trees"] = {str(m): simulated_rounds(np.add(a, 1)) for m, a in tree.items()}
             with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it
                 f.write(json.dumps(rec) + "\n")
