@@ -124,6 +124,7 @@ def read_config(hf: dict[str, Any], dtype: str = "float32") -> DrafterConfig:
         ngram_min=number("ngram_min", default=1),
         ngram_periodic=periodic,
         copy_bias=None if dcfg.get("copy_bias") is None else number("copy_bias", float),
+        tree_temperature=number("tree_temperature", float, 1.0),
         **extra,
     )
 
@@ -173,6 +174,8 @@ def config_json(cfg: DrafterConfig, target_identity: dict | None = None) -> dict
             out["dflash_config"]["ngram_periodic"] = True
         if cfg.copy_bias is not None:
             out["dflash_config"]["copy_bias"] = cfg.copy_bias
+    if cfg.tree_temperature != 1.0:  # read by dflash-jax only (draft trees); absent at 1, as before it existed
+        out["dflash_config"]["tree_temperature"] = cfg.tree_temperature
     if cfg.dflash2:
         out["architectures"] = ["DFlash2DraftModel"]
         out["dflash_config"].update(

@@ -101,6 +101,11 @@ class DrafterConfig:
     conv_group_size: int = 16
     selector_rank: int = 0
     selector_top_k: int = 16
+    # A greedy draft tree's scores (``DraftStep.tree``) are the drafter's log-probabilities at this
+    # temperature (a dflash-jax read-time setting, tuned per drafter on held-out answers: a drafter
+    # over-confident deep in its block wants > 1, so its tree holds more second choices near the
+    # anchor). Trees only: the chain (an argmax) and sampled drafts never read it.
+    tree_temperature: float = 1.0
 
     def __post_init__(self):
         if self.block_input not in BLOCK_INPUTS:
@@ -138,6 +143,8 @@ class DrafterConfig:
             raise ConfigError("sliding_attention layers need a positive sliding_window")
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        if not (isinstance(self.tree_temperature, (int, float)) and 0 < self.tree_temperature < float("inf")):
+            raise ConfigError(f"tree_temperature must be a positive number, got {self.tree_temperature!r}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")
         if not self.target_layer_ids or any(not 0 <= i < self.num_target_layers for i in self.target_layer_ids):
@@ -791,14 +798,19 @@ class DraftStep:
         verification" 1): DFlash from its per-offset distributions (``logprobs``, ``tree.build_tree``);
         DFlash 2 from its selector, a node's children scored given the node's token as the selector's
         walk scores them (``selector_scores`` over the offset's candidates, softmax at the sampling
-        temperature, 1 when greedy; ``tree.build_tree_with``), so its best chain is the walk's."""
+        temperature, ``cfg.tree_temperature`` when greedy; ``tree.build_tree_with``), so its best chain is
+        the walk's. A greedy DFlash tree reads its log-probabilities at ``cfg.tree_temperature`` too."""
         hidden, scores = self._forward(params, target_params, cache, anchor, start, block_valid, block_len, tokens)
+        greedy = sampling is None or sampling.greedy
         if not self.cfg.dflash2:
             logits = scores.dense(self.cfg.vocab_size)
-            greedy = sampling is None or sampling.greedy
-            logp = jax.nn.log_softmax(logits, axis=-1) if greedy else jnp.log(probs(logits, sampling))
+            logp = (
+                jax.nn.log_softmax(logits / self.cfg.tree_temperature, -1)
+                if greedy
+                else jnp.log(probs(logits, sampling))
+            )
             return build_tree(logp, budget)
-        temperature = 1.0 if sampling is None or sampling.greedy else sampling.temperature
+        temperature = self.cfg.tree_temperature if greedy else sampling.temperature
         return selector_tree(params, self.cfg, hidden, scores, anchor, budget, temperature)
 
     def _forward(self, params, target_params, cache, anchor, start, block_valid, block_len, tokens):

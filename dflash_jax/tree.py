@@ -92,8 +92,9 @@ def build_tree_with(children, budget: int, max_depth: int, anchor: Array) -> Tre
 
     Returns:
       ``Tree`` of ``budget`` nodes: pop the best prefix (its parent's score plus its own
-      log-probability), add it, push its next-ranked sibling and its best child; padding once a row
-      runs out. Of equal scores the entry pushed first wins (``tests/test_tree.py``'s heap).
+      log-probability, capped at 0 so that no child scores above its parent), add it, push its
+      next-ranked sibling and its best child; padding once a row runs out. Of equal scores the
+      entry pushed first wins (``tests/test_tree.py``'s heap).
     """
     b = anchor.shape[0]
     root_v, root_i = children(anchor, jnp.zeros((b,), jnp.int32))
@@ -121,7 +122,10 @@ def build_tree_with(children, budget: int, max_depth: int, anchor: Array) -> Tre
     def add(i, carry):
         (cv, ci, base, parent, depth, rank, live), (tok, par, dep, sc, ok) = carry
         flat = (parent + 1) * width + jnp.minimum(rank, width - 1)  # each slot's entry in the tables
-        own = jnp.take_along_axis(cv.reshape(b, -1), flat, axis=1)
+        # a log-probability is <= 0, but XLA's CPU exp/log can make a near-certain one a few 1e-8 above 0; a child
+        # scored above its parent would be sorted before it (sort_tree), and the one-pass mask and accept walk
+        # that read parents first would cut the path there
+        own = jnp.minimum(jnp.take_along_axis(cv.reshape(b, -1), flat, axis=1), 0.0)
         scores = jnp.where(live, base + own, neg)
         j = jnp.argmax(scores, axis=1)  # the first of equal scores: the entry pushed first
         s = scores[rows, j]
@@ -172,7 +176,7 @@ def add_branch(tree: Tree, branch: Array, num: Array, nodes: int, logp: Array | 
     """
     b, n = tree.tokens.shape
     r = min(nodes, branch.shape[1])
-    logp = jnp.zeros(branch.shape, jnp.float32) if logp is None else logp
+    logp = jnp.zeros(branch.shape, jnp.float32) if logp is None else jnp.minimum(logp, 0.0)  # as build_tree_with's
     rows = jnp.arange(b)
     extra = (
         jnp.zeros((b, nodes), jnp.int32),

@@ -38,6 +38,8 @@ class TreeStep(OnDrafter):
       lookup_branches: how many earlier occurrences give a branch each (``ngram.ngram_matches``: the
         longest match first, then the latest), each scored by the same confidence table; 1: the
         one prompt lookup alone would draft.
+      periodic: prompt lookup's continuations go on with the match's period past the anchor
+        (``ngram.ngram_matches(periodic=True)``, the shipped drafter's block input reads them so).
       skip_drafter: with ``ngram``, a row with a match takes prompt lookup's branches alone and the
         others the drafter's tree, as ``ngram.HybridStep`` takes chains, and a round where every row
         has a match skips the drafter's forward: cheaper where a drafter forward is a large part of
@@ -54,6 +56,7 @@ class TreeStep(OnDrafter):
     ngram_nodes: int | None = None
     skip_drafter: bool = False
     lookup_branches: int = 1
+    periodic: bool = False
 
     def __post_init__(self):
         if self.budget < 1:
@@ -111,7 +114,7 @@ class TreeStep(OnDrafter):
         lookup_branches])`` (``ngram.ngram_matches``), ``num`` 0 where a match is shorter than
         ``min_match``. The first is prompt lookup's own draft."""
         cont, num, matched = ngram_matches(
-            tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min, self.lookup_branches
+            tokens, start, k, self.ngram.ngram_max, self.ngram.ngram_min, self.lookup_branches, periodic=self.periodic
         )
         return cont, jnp.where(matched >= self.min_match, num, 0), matched
 

@@ -12,7 +12,9 @@ fills the offsets after a continuation that reaches the anchor with the match's 
 mask tokens. Writes the released format (float32, or ``--dtype bfloat16``) with the drafter's draft
 vocabulary, for ``experiments/study_tau.py`` (docs/BENCHMARKS.md, "A longer reach for the block input"); with
 ``--with-record`` also a shipped folder's record, the README saying how it is read: the package's drafter was made
-so from stage 8 (docs/BENCHMARKS.md, "Stage 8 with the longer reach, decoded and shipped").
+so from stage 8 (docs/BENCHMARKS.md, "Stage 8 with the longer reach, decoded and shipped"). ``--tree-temperature``
+sets the temperature of the drafter's greedy draft-tree scores (``DrafterConfig.tree_temperature``), tuned on held-out
+answers with ``experiments/tune_tree_scores.py`` (docs/BENCHMARKS.md, "Draft trees").
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import sys
 import numpy as np
 
 
-def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, periodic: bool):
+def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, periodic: bool, tree_temperature=1.0):
     """``(params, DrafterConfig)``: ``(params, cfg)`` matching suffixes up to ``ngram_max`` tokens, the
     copy-bias table's added rows at ``new_rows`` (None: copies of its last row), ``ngram_periodic``
-    set to ``periodic``.
+    set to ``periodic``, ``tree_temperature`` set.
 
     Raises:
       ConfigError: ``cfg`` has no copy-bias table, or ``ngram_max`` is below its own.
@@ -39,7 +41,7 @@ def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, perio
         raise ConfigError("the drafter has no copy-bias table (block_input='ngram' with copy_bias)")
     table = np.asarray(params["copy_bias"], np.float32)
     grown = grow_copy_bias(table, ngram_max, table[-1] if new_rows is None else new_rows)
-    cfg = dataclasses.replace(cfg, ngram_max=ngram_max, ngram_periodic=periodic)
+    cfg = dataclasses.replace(cfg, ngram_max=ngram_max, ngram_periodic=periodic, tree_temperature=tree_temperature)
     return dict(params, copy_bias=grown), cfg
 
 
@@ -65,6 +67,13 @@ def main() -> None:
         help="the added rows' value (logits), or 'repeat' (its last row)",
     )
     ap.add_argument("--periodic", action="store_true", help="continue a continuation past the anchor (a loop)")
+    ap.add_argument(
+        "--tree-temperature",
+        type=float,
+        default=1.0,
+        metavar="T",
+        help="the greedy draft tree's scores at temperature T (DrafterConfig.tree_temperature)",
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     ap.add_argument(
         "--with-record",
@@ -88,7 +97,9 @@ def main() -> None:
     try:
         params, cfg, identity = load_drafter(src)
         was = (cfg.ngram_max, cfg.ngram_periodic)
-        params, cfg = with_longer_reach(params, cfg, args.ngram_max, args.new_rows, args.periodic)
+        params, cfg = with_longer_reach(
+            params, cfg, args.ngram_max, args.new_rows, args.periodic, args.tree_temperature
+        )
         with atomic_folder(Path(args.out), args.overwrite, kind="released-drafter") as tmp:
             export_released(
                 params,
@@ -109,6 +120,7 @@ def main() -> None:
                     "ngram_max": cfg.ngram_max,
                     "ngram_periodic": cfg.ngram_periodic,
                     "new_rows": "repeat" if args.new_rows is None else args.new_rows,
+                    "tree_temperature": cfg.tree_temperature,
                     "trained_with": {"ngram_max": was[0], "ngram_periodic": was[1]},
                 }
                 summary = src / "training_summary.json"
@@ -128,7 +140,15 @@ def main() -> None:
                     + " (`dflash_config.ngram_max`, `ngram_periodic`). Its weights are the trained ones; the "
                     "copy-bias "
                     f'table gained rows for the longer matches, {rows} (docs/BENCHMARKS.md, "A longer reach for the '
-                    f'block input"). Made from the trained folder with:\n\n```bash\n{command}\n```\n'
+                    f'block input").'
+                    + (
+                        f" Its greedy draft trees read its log-probabilities at temperature {cfg.tree_temperature} "
+                        "(`dflash_config.tree_temperature`, tuned on held-out answers: "
+                        'docs/BENCHMARKS.md, "Draft trees").'
+                        if cfg.tree_temperature != 1.0
+                        else ""
+                    )
+                    + f" Made from the trained folder with:\n\n```bash\n{command}\n```\n"
                 )
                 readme = (src / "README.md").read_text() if (src / "README.md").is_file() else ""
                 (tmp / "README.md").write_text(readme + note)

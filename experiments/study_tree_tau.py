@@ -40,12 +40,21 @@ from ngram_acceptance import SETS, first_turns
 
 
 @functools.cache
-def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int, ...] = (), branches: int = 1):
+def _compiled(
+    tcfg,
+    dcfg,
+    budget: int,
+    variants=((1.0, 0.0),),
+    lookup: tuple[int, ...] = (),
+    branches: int = 1,
+    tree_settings=(4, False, 1.0),
+):
     """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and,
     per variant, the order in which a ``budget``-node tree added each node (tokens, parents, depths)).
 
-    ``variants``: (temperature, log-probability added per depth) of the tree's scores; (1, 0) is the
-    decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py`` tries. ``lookup``: budgets
+    ``variants``: (temperature, log-probability added per depth) of the tree's scores; (the drafter's
+    ``tree_temperature``, 0) is the decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py``
+    tries. ``lookup``: budgets
     instead, one tree each with prompt lookup's ``branches`` branches (``_with_branch``), in place of the
     variants (the chain is returned either way)."""
     import jax
@@ -82,15 +91,16 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
             best = jnp.argmax(logits, -1)
         if lookup:
             return best, [
-                _with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0], branches) for m in lookup
+                _with_branch(dparams, dcfg, tcfg, hidden[0], logits, anchor, m, toks, pos[0], branches, tree_settings)
+                for m in lookup
             ]
         out = []
         for temperature, per_depth in variants:
-            if (temperature, per_depth) == (1.0, 0.0):  # exactly the decoder's tree
+            if per_depth == 0.0:  # DraftStep.tree's at this temperature (the decoder's at the drafter's own)
                 if dcfg.dflash2:
-                    tree = selector_tree(dparams, dcfg, hidden[0], logits, anchor, budget)
+                    tree = selector_tree(dparams, dcfg, hidden[0], logits, anchor, budget, temperature)
                 else:
-                    tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
+                    tree = build_tree(jax.nn.log_softmax(logits / temperature, -1), budget)
             else:
                 tree = _variant_tree(dparams, dcfg, hidden[0], logits, anchor, budget, temperature, per_depth)
             out.append((tree.tokens, tree.parent, tree.depth, tree.valid))
@@ -99,12 +109,15 @@ def _compiled(tcfg, dcfg, budget: int, variants=((1.0, 0.0),), lookup: tuple[int
     return context, trees
 
 
-def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1):
+def _with_branch(
+    dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1, tree_settings=(4, False, 1.0)
+):
     """The tree of ``plan_for(tree=budget, skip_drafter=False)`` (``tree_step.TreeStep`` with every row
     holding both drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the
     committed tokens ``toks[0, :pos + 1]`` merged in (``TreeStep.lookup`` / ``with_branch``), best first,
     cut to ``budget`` (``TreeStep.best``); ``branches`` > 1: as many earlier occurrences, a branch each
-    (``TreeStep.lookup_branches``)."""
+    (``TreeStep.lookup_branches``). ``tree_settings``: (the longest suffix the branches match, ``TreeStep.periodic``,
+    the temperature of the drafter's tree scores: ``selector_tree``'s)."""
     import jax
     import jax.numpy as jnp
 
@@ -114,12 +127,13 @@ def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos,
     from dflash_jax.tree import build_tree
     from dflash_jax.tree_step import TreeStep
 
+    nmax, periodic, temperature = tree_settings  # plan_for's: (4, False, the drafter's tree_temperature)
     if dcfg.dflash2:
-        tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget)
+        tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature)
     else:
-        tree = build_tree(jax.nn.log_softmax(logits, -1), budget)
-    ngram = NgramStep(4, 1, dcfg.block_size, confidence=ngram_confidence(4))  # plan_for's defaults
-    step = TreeStep(DraftStep(dcfg, tcfg), budget, ngram, min_match=2, lookup_branches=branches)
+        tree = build_tree(jax.nn.log_softmax(logits / temperature, -1), budget)
+    ngram = NgramStep(nmax, 1, dcfg.block_size, confidence=ngram_confidence(nmax))
+    step = TreeStep(DraftStep(dcfg, tcfg), budget, ngram, min_match=2, lookup_branches=branches, periodic=periodic)
     k = dcfg.block_size - 1
     rows = jnp.broadcast_to(toks[0], (pos.shape[0], toks.shape[1]))  # positions past pos are never read
     tree = step.best(step.with_branch(tree, *step.lookup(rows, pos, k), k))
@@ -159,11 +173,23 @@ def _variant_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature, pe
 
 
 def acceptance(
-    ck, dparams, dcfg, full: list[int], start: int, budgets, vocab, chunk: int = 16, variants=None, lookup=0
+    ck,
+    dparams,
+    dcfg,
+    full: list[int],
+    start: int,
+    budgets,
+    vocab,
+    chunk: int = 16,
+    variants=None,
+    lookup=0,
+    tree_settings=None,
 ):
     """Per anchor ``start .. len(full) - 2``: the chain's accepted tokens and, per budget, the tree's
     (with ``variants``: per variant, per budget; with ``lookup`` M > 0: the trees with prompt lookup's M
-    best continuations as branches, per budget)."""
+    best continuations as branches, per budget). ``tree_settings``: (the longest suffix the branches match,
+    periodic branches, the temperature of the drafter's tree scores); default ``generate --tree N``'s: (4,
+    False, the drafter's ``tree_temperature``)."""
     import jax.numpy as jnp
 
     b, n = dcfg.block_size, len(full)
@@ -171,8 +197,10 @@ def acceptance(
     padded = -(-len(tokens) // 128) * 128
     toks = jnp.asarray(np.pad(tokens, (0, padded - len(tokens)))[None])
     allowed = np.ones(ck.cfg.vocab_size, bool) if vocab is None else np.isin(np.arange(ck.cfg.vocab_size), vocab)
-    keys = tuple(variants) if variants else ((1.0, 0.0),)
-    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys, tuple(budgets) if lookup else (), max(lookup, 1))
+    tree_settings = (4, False, dcfg.tree_temperature) if tree_settings is None else tuple(tree_settings)
+    keys = tuple(variants) if variants else ((tree_settings[2], 0.0),)  # the decoder's tree at its temperature
+    looks = tuple(budgets) if lookup else ()
+    context, trees = _compiled(ck.cfg, dcfg, max(budgets), keys, looks, max(lookup, 1), tree_settings)
     ctx = context(ck.params, dparams, toks)
     looked = {m: [] for m in budgets}
     anchors = list(range(start, n - 1))
@@ -248,6 +276,24 @@ def main() -> None:
         help="with --lookup-branch: the M best earlier occurrences, a branch each (TreeStep.lookup_branches; "
         f"default {TREE_LOOKUP_BRANCHES}, generate --tree N's)",
     )
+    ap.add_argument(
+        "--lookup-reach",
+        type=int,
+        default=4,
+        metavar="N",
+        help="with --lookup-branch: the longest suffix the branches match (plan_for's: 4)",
+    )
+    ap.add_argument(
+        "--periodic",
+        action="store_true",
+        help="with --lookup-branch: the branches go on with the match's period (TreeStep.periodic)",
+    )
+    ap.add_argument(
+        "--tree-temperature",
+        type=float,
+        metavar="T",
+        help="the drafter's tree scores at temperature T (default: its own tree_temperature, as it decodes)",
+    )
     args = ap.parse_args()
 
     ck = checkpoint.load_target("smollm2-135m-instruct")
@@ -255,6 +301,7 @@ def main() -> None:
     folder = resolve_drafter(args.drafter, ck)
     dparams, dcfg, _ = load_drafter(folder)
     vocab = read_draft_vocab(folder)
+    temperature = dcfg.tree_temperature if args.tree_temperature is None else args.tree_temperature
     done = set()
     if args.out.exists():
         done = {(r["set"], r["id"]) for r in map(json.loads, args.out.read_text().splitlines())}
@@ -264,7 +311,17 @@ def main() -> None:
             if (name, pid) in done:
                 continue
             branches = args.lookup_branches if args.lookup_branch else 0
-            chain, tree = acceptance(ck, dparams, dcfg, full, start, args.budgets, vocab, lookup=branches)
+            chain, tree = acceptance(
+                ck,
+                dparams,
+                dcfg,
+                full,
+                start,
+                args.budgets,
+                vocab,
+                lookup=branches,
+                tree_settings=(args.lookup_reach, args.periodic, temperature),
+            )
             rec = {"set": name, "id": pid, "block": dcfg.block_size, "chain": simulated_rounds(np.add(chain, 1))}
             rec["trees"] = {str(m): simulated_rounds(np.add(a, 1)) for m, a in tree.items()}
             with args.out.open("a") as f:  # one whole line per append: an interruption loses at most it

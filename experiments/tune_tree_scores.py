@@ -1,16 +1,18 @@
 """How a draft tree's scores should be read: temperature and depth discount, tuned on held-out
 training answers (never on the benchmark sets).
 
-The decoder's tree (``DraftStep.tree``) ranks prefixes by the drafter's log-probabilities as they
-are. A drafter over- or under-confident at depth would want them tempered, or discounted per depth
-(its offset-``j`` distribution does not see the tokens before ``j``). This script measures the greedy
-tree tau (``study_tree_tau.acceptance``: no decoding, every budget from one best-first tree) of
-variants (temperature ``T``, log-probability added per depth ``g``) on target answers the shipped
-drafter was not trained on (``data/smollm2-mix`` shards from ``--shard``: the shipped drafter saw
-shards 0-24), and prints tau per variant and budget.
+The decoder's tree (``DraftStep.tree``) ranks prefixes by the drafter's log-probabilities at its
+``tree_temperature`` (1 unless its config says otherwise). A drafter over- or under-confident at depth
+wants them tempered, or discounted per depth (its offset-``j`` distribution does not see the tokens
+before ``j``). This script measures the greedy tree tau (``study_tree_tau.acceptance``: no decoding,
+every budget from one best-first tree) of variants (temperature ``T``, absolute, and log-probability
+added per depth ``g``) on target answers the drafter was not trained on (``data/smollm2-mix`` shards
+from ``--shard``: the drafter shipped since 2026-12-06, stage 8, saw shards 0-66), and prints tau per
+variant and budget. Its ``tree_temperature`` of 1.5 was chosen so (shards 70 and 78; docs/BENCHMARKS.md,
+"Draft trees").
 
-    .venv/bin/python experiments/tune_tree_scores.py --shard 33 --count 24 --budgets 8 16 32 \\
-        --variants 1,0 0.7,0 1.4,0 1,-0.2 1,-0.5
+    .venv/bin/python experiments/tune_tree_scores.py --shard 70 --count 24 --budgets 16 32 \\
+        --variants 1,0 1.3,0 1.5,0 1.7,0 2,0 1,-0.2
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="auto")
     ap.add_argument("--data", default="data/smollm2-mix")
-    ap.add_argument("--shard", type=int, default=33, help="first sequence: this shard's first")
+    ap.add_argument("--shard", type=int, default=70, help="first sequence: this shard's first")
     ap.add_argument("--count", type=int, default=24, help="sequences")
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--variants", nargs="+", default=["1,0", "0.7,0", "1.4,0", "1,-0.2", "1,-0.5"])

@@ -63,7 +63,7 @@ def test_the_shipped_drafter_is_stage_8_read_with_a_longer_reach():
     """The package's drafter is stage 8's weights (``assets/smollm2-135m-instruct-dflash-stage8``, what the recipe
     trains) read matching up to 16 tokens with periodic continuations (``experiments/longer_reach.py``): every
     tensor equal but the copy-bias table, whose rows for 2-4-token matches are stage 8's and whose rows for longer
-    matches stand at ``copy_bias``; its record says so."""
+    matches stand at ``copy_bias``; its draft trees' scores are tempered at 1.5; its record says so."""
     import ml_dtypes  # noqa: F401  (numpy reads bfloat16 through it)
     from safetensors.numpy import load_file
 
@@ -80,3 +80,5 @@ def test_the_shipped_drafter_is_stage_8_read_with_a_longer_reach():
     assert (ours[table][old:].astype("float32") == config["copy_bias"]).all()
     read_with = json.loads((shipped / "training_summary.json").read_text())["read_with"]
     assert read_with["trained_with"] == {"ngram_max": 4, "ngram_periodic": False} and read_with["ngram_max"] == 16
+    # its draft trees read its scores tempered (tuned on held-out shards: docs/BENCHMARKS.md "Draft trees")
+    assert config["tree_temperature"] == read_with["tree_temperature"] == 1.5

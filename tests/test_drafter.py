@@ -195,7 +195,15 @@ def test_a_copy_bias_survives_the_released_format(tmp_path):
     assert import_released(export_released(params, periodic, tmp_path / "p"))[1] == periodic
     assert dflash_format.config_json(periodic)["dflash_config"]["ngram_periodic"] is True
     assert "ngram_periodic" not in dflash_format.config_json(cfg)["dflash_config"]
+    # so is a draft tree's temperature (absent at 1)
+    tempered = dataclasses.replace(cfg, tree_temperature=1.5)
+    assert import_released(export_released(params, tempered, tmp_path / "t"))[1] == tempered
+    assert "tree_temperature" not in dflash_format.config_json(cfg)["dflash_config"]
     from dflash_jax.errors import ConfigError
+
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ConfigError, match="tree_temperature must be a positive number"):
+            dataclasses.replace(cfg, tree_temperature=bad)
 
     raw = dflash_format.config_json(cfg)
     raw["dflash_config"]["copy_bias"] = True

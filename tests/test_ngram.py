@@ -617,7 +617,7 @@ def test_an_ngram_input_drafter_is_lossless(target, verify_lengths, periodic):
 def test_longer_reach_grows_the_copy_bias_table():
     """experiments/longer_reach.py: the table keeps its rows and gains one per longer match length, at
     the value given or as copies of its last row; the config reads longer matches (and, asked,
-    periodic continuations); a shorter reach or a drafter without a table is refused."""
+    periodic continuations and a draft-tree temperature); a shorter reach or a drafter without a table is refused."""
     import sys
     from pathlib import Path
 
@@ -634,9 +634,10 @@ def test_longer_reach_grows_the_copy_bias_table():
     got, cfg30 = with_longer_reach(params, dcfg, 5, 30.0, periodic=True)
     np.testing.assert_array_equal(got["copy_bias"], np.concatenate([table, np.full((2, 5), 30.0, np.float32)]))
     assert (cfg30.ngram_max, cfg30.ngram_min, cfg30.ngram_periodic) == (5, 2, True)
-    got, cfg_rep = with_longer_reach(params, dcfg, 5, None, periodic=False)
+    assert cfg30.tree_temperature == 1.0
+    got, cfg_rep = with_longer_reach(params, dcfg, 5, None, periodic=False, tree_temperature=1.5)
     np.testing.assert_array_equal(got["copy_bias"], np.concatenate([table, table[-1:], table[-1:]]))
-    assert not cfg_rep.ngram_periodic
+    assert not cfg_rep.ngram_periodic and cfg_rep.tree_temperature == 1.5
     assert all(got[k] is params[k] for k in params if k != "copy_bias")  # the weights as they were
     with pytest.raises(ConfigError, match="ngram_max 2 drops some"):
         with_longer_reach(params, dcfg, 2, 30.0, periodic=False)

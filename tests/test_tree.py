@@ -456,6 +456,28 @@ def test_a_sorted_tree_lists_its_best_nodes_first_with_parents_before_children()
         np.testing.assert_allclose(p[valid], np.exp(score[valid]), rtol=1e-5)
 
 
+def test_a_child_never_sorts_before_its_parent_when_a_log_probability_rounds_above_zero():
+    """XLA's CPU exp/log can make a near-certain log-probability a few 1e-8 above 0 (seen in a shipped
+    drafter's trees at ``tree_temperature`` 1.5). ``build_tree_with`` caps it at 0, so no child outscores
+    its parent; the sorted tree keeps parents first and the accept walk takes the whole chain (before the
+    cap, a deep node sorted before its parent and the walk stopped there, losslessly but short)."""
+    import jax.numpy as jnp
+
+    from dflash_jax.tree import accept_walk, build_tree, sort_tree
+
+    k, v = 6, 5
+    logp = np.full((1, k, v), -9.0, np.float32)
+    logp[0, :, 1] = 4e-8  # the chain 1 1 1 ..., each step "certain" and rounded above 0
+    logp[0, :, 2] = -2.0
+    tree = sort_tree(build_tree(jnp.asarray(logp), 8))
+    nodes = _nodes(tree, 0)
+    assert all(n[1] < i for i, n in enumerate(nodes) if n[3])  # parents first
+    score, parent = np.asarray(tree.score)[0], np.asarray(tree.parent)[0]
+    assert all(score[i] <= score[parent[i]] for i in range(8) if parent[i] >= 0)
+    target = jnp.ones((1, 9), jnp.int32)  # the target agrees with the chain everywhere
+    assert int(accept_walk(tree, target, k).length[0]) == k
+
+
 def _path(nodes, i):
     path = []
     while i >= 0:
@@ -466,8 +488,9 @@ def _path(nodes, i):
 
 def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_models):
     """A DFlash 2 drafter's tree: each node's children are scored by the selector given the node's
-    token, so following the best child from the anchor is the selector's greedy walk (``select``);
-    decoding with its trees is token-identical to plain, batch of 3 (gpt-oss: sliding window)."""
+    token, so following the best child from the anchor is the selector's greedy walk (``select``), at
+    any ``tree_temperature`` (which tempers the scores: ``selector_tree``'s temperature); decoding with
+    its trees is token-identical to plain, batch of 3 (gpt-oss: sliding window)."""
     import dataclasses
 
     import jax
@@ -475,7 +498,7 @@ def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_mod
 
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
-    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params, select
+    from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params, select, selector_tree
     from dflash_jax.speculation import make_plan
     from dflash_jax.tree_step import TreeStep
 
@@ -491,18 +514,29 @@ def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_mod
     cache = step.write_context(dparams, cache, feats, jnp.zeros((b,), jnp.int32))
     anchor, start, valid = jnp.asarray([5, 9]), jnp.asarray([12, 12]), jnp.asarray([5, 5])
     tokens = jnp.zeros((b, s + 5), jnp.int32)
-    tree = step.tree(dparams, ck.params, cache, anchor, start, valid, 5, 60, tokens=tokens, sampling=None)
     hidden, scores = step._forward(dparams, ck.params, cache, anchor, start, valid, 5, tokens)
     walk = np.asarray(select(dparams, dcfg, hidden, scores, anchor, 0.0)[0])
-    for row in range(b):
-        nodes, at, best = _nodes(tree, row), -1, []
-        while True:  # the best child: the first one added (children are added best first)
-            kids = [i for i, n in enumerate(nodes) if n[3] and n[1] == at]
-            if not kids:
-                break
-            at = kids[0]
-            best.append(nodes[at][0])
-        assert best == walk[row, : len(best)].tolist() and len(best) >= 3, (best, walk[row])
+    trees = {}
+    for t in (1.0, 1.7):  # a tree temperature tempers the scores (the tree's shape), never the walk
+        tempered = DraftStep(dataclasses.replace(dcfg, tree_temperature=t), ck.cfg)
+        trees[t] = tree = tempered.tree(
+            dparams, ck.params, cache, anchor, start, valid, 5, 60, tokens=tokens, sampling=None
+        )
+        want = selector_tree(dparams, dcfg, hidden, scores, anchor, 60, t)
+        assert all(np.array_equal(x, y) for x, y in zip(tree, want))
+        for row in range(b):
+            nodes, at, best = _nodes(tree, row), -1, []
+            while True:  # the best child: the first one added (children are added best first)
+                kids = [i for i, n in enumerate(nodes) if n[3] and n[1] == at]
+                if not kids:
+                    break
+                at = kids[0]
+                best.append(nodes[at][0])
+            assert best == walk[row, : len(best)].tolist() and len(best) >= 3, (best, walk[row])
+    # node 0 is the anchor's best child, the walk's first token at either temperature: a flatter q gives the
+    # top candidate less (the top of softmax(s / T) falls as T grows)
+    assert np.array_equal(trees[1.0].tokens[:, 0], trees[1.7].tokens[:, 0])
+    assert (np.asarray(trees[1.7].score[:, 0]) < np.asarray(trees[1.0].score[:, 0])).all()
     plain = Decoder(ck.params, ck.cfg)
     dec = Decoder(ck.params, ck.cfg, make_plan(TreeStep(step, 8), dparams))
     prompts = [rs.randint(4, 96, n).tolist() for n in (6, 13, 3)]
