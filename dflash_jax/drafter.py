@@ -104,7 +104,9 @@ class DrafterConfig:
     # A greedy draft tree's scores (``DraftStep.tree``) are the drafter's log-probabilities at this
     # temperature (a dflash-jax read-time setting, tuned per drafter on held-out answers: a drafter
     # over-confident deep in its block wants > 1, so its tree holds more second choices near the
-    # anchor). Trees only: the chain (an argmax) and sampled drafts never read it.
+    # anchor). Trees only: the chain (an argmax) and sampled drafts never read it. A tree's node probabilities
+    # (its verify-width choice and calibration, ``decode``) are then the tempered ones, which the calibration
+    # corrects online.
     tree_temperature: float = 1.0
 
     def __post_init__(self):
@@ -143,7 +145,8 @@ class DrafterConfig:
             raise ConfigError("sliding_attention layers need a positive sliding_window")
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
-        if not (isinstance(self.tree_temperature, (int, float)) and 0 < self.tree_temperature < float("inf")):
+        t = self.tree_temperature
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t < float("inf")):
             raise ConfigError(f"tree_temperature must be a positive number, got {self.tree_temperature!r}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary [0, {self.vocab_size})")

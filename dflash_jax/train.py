@@ -185,7 +185,8 @@ class Trainer:
         optimiser state); its config must be this run's."""
         loaded, cfg, _ = load_drafter(folder)
         # what fills the blocks is no parameter: a mask-token drafter may start an n-gram-input run
-        # (a copy bias it lacks starts at the config's value)
+        # (a copy bias it lacks starts at the config's value); nor is how its trees are read (a trained
+        # drafter's tree_temperature is 1 until tuned for it)
         d = self.dcfg
         inputs = dict(
             block_input=d.block_input,
@@ -193,6 +194,7 @@ class Trainer:
             ngram_min=d.ngram_min,
             ngram_periodic=d.ngram_periodic,
             copy_bias=d.copy_bias,
+            tree_temperature=d.tree_temperature,
         )
         upgrade = d.dflash2 and not cfg.dflash2  # a DFlash drafter starts a DFlash 2 run: its backbone
         if upgrade:  # the convolutions start as the identity and the selector at random (SPEC "DFlash 2")

@@ -26,10 +26,10 @@ import sys
 import numpy as np
 
 
-def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, periodic: bool, tree_temperature=1.0):
+def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, periodic: bool, tree_temperature=None):
     """``(params, DrafterConfig)``: ``(params, cfg)`` matching suffixes up to ``ngram_max`` tokens, the
     copy-bias table's added rows at ``new_rows`` (None: copies of its last row), ``ngram_periodic``
-    set to ``periodic``, ``tree_temperature`` set.
+    set to ``periodic``, ``tree_temperature`` set (None: the drafter's own kept).
 
     Raises:
       ConfigError: ``cfg`` has no copy-bias table, or ``ngram_max`` is below its own.
@@ -41,7 +41,8 @@ def with_longer_reach(params, cfg, ngram_max: int, new_rows: float | None, perio
         raise ConfigError("the drafter has no copy-bias table (block_input='ngram' with copy_bias)")
     table = np.asarray(params["copy_bias"], np.float32)
     grown = grow_copy_bias(table, ngram_max, table[-1] if new_rows is None else new_rows)
-    cfg = dataclasses.replace(cfg, ngram_max=ngram_max, ngram_periodic=periodic, tree_temperature=tree_temperature)
+    t = cfg.tree_temperature if tree_temperature is None else tree_temperature
+    cfg = dataclasses.replace(cfg, ngram_max=ngram_max, ngram_periodic=periodic, tree_temperature=t)
     return dict(params, copy_bias=grown), cfg
 
 
@@ -70,9 +71,9 @@ def main() -> None:
     ap.add_argument(
         "--tree-temperature",
         type=float,
-        default=1.0,
         metavar="T",
-        help="the greedy draft tree's scores at temperature T (DrafterConfig.tree_temperature)",
+        help="the greedy draft tree's scores at temperature T (DrafterConfig.tree_temperature; default: the "
+        "drafter's own)",
     )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     ap.add_argument(

@@ -47,7 +47,7 @@ def _compiled(
     variants=((1.0, 0.0),),
     lookup: tuple[int, ...] = (),
     branches: int = 1,
-    tree_settings=(4, False, 1.0),
+    tree_settings=None,
 ):
     """Jitted (context K/V of a sequence; at each anchor of a chunk, the drafter's argmax chain and,
     per variant, the order in which a ``budget``-node tree added each node (tokens, parents, depths)).
@@ -109,9 +109,7 @@ def _compiled(
     return context, trees
 
 
-def _with_branch(
-    dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1, tree_settings=(4, False, 1.0)
-):
+def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1, tree_settings=None):
     """The tree of ``plan_for(tree=budget, skip_drafter=False)`` (``tree_step.TreeStep`` with every row
     holding both drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the
     committed tokens ``toks[0, :pos + 1]`` merged in (``TreeStep.lookup`` / ``with_branch``), best first,
@@ -127,7 +125,8 @@ def _with_branch(
     from dflash_jax.tree import build_tree
     from dflash_jax.tree_step import TreeStep
 
-    nmax, periodic, temperature = tree_settings  # plan_for's: (4, False, the drafter's tree_temperature)
+    # plan_for's: (4, False, the drafter's tree_temperature)
+    nmax, periodic, temperature = (4, False, dcfg.tree_temperature) if tree_settings is None else tree_settings
     if dcfg.dflash2:
         tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature)
     else:

@@ -38,6 +38,8 @@ def main() -> None:
     args = ap.parse_args()
 
     variants = tuple(tuple(float(x) for x in v.split(",")) for v in args.variants)
+    if any(g > 0 for _, g in variants):  # a node's own log-probability is capped at 0 (tree.build_tree_with)
+        ap.error("a per-depth term must be <= 0 (a bonus would be capped away with the log-probability)")
     ck = checkpoint.load_target("smollm2-135m-instruct")
     folder = resolve_drafter(args.drafter, ck)
     dparams, dcfg, _ = load_drafter(folder)

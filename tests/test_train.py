@@ -907,6 +907,17 @@ def test_init_from_continues_from_a_drafter_and_checks_its_config(trained, tiny,
     for a, b in zip(jax.tree.leaves(t.params), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert t.identity["init_from"] == str(start.resolve())
+    # how a drafter's trees are read is no parameter either: a tempered drafter (the shipped one) is continued
+    import dataclasses
+
+    from dflash_jax.drafter_io import export_released
+
+    params0, cfg0, identity0 = load_drafter(start)
+    tempered = export_released(
+        params0, dataclasses.replace(cfg0, tree_temperature=1.5), tmp_path / "tempered", target_identity=identity0
+    )
+    warm = Trainer(tiny_config(ck, folder, tmp_path / "t", f"init_from={tempered}"), log=lambda m: None)
+    assert warm.dcfg.tree_temperature == 1.0  # a trained drafter's trees are read at 1 until tuned for it
     with pytest.raises(ConfigError, match="init_from .*differs from this config's in .*block_size"):
         Trainer(
             tiny_config(ck, folder, tmp_path / "b", f"init_from={start}", "drafter.block_size=4"), log=lambda m: None

@@ -217,7 +217,7 @@ def test_a_branch_follows_the_tree_and_adds_only_what_it_lacks():
 def test_lookup_branches_hold_each_earlier_occurrences_continuation():
     """``TreeStep(lookup_branches=2)``: where the last tokens occurred twice before, the tree holds
     both continuations as paths below the anchor (the latest first), sharing the prefix they share;
-    with one branch only the latest's."""
+    with one branch only the latest's; with ``periodic`` a continuation goes on past the anchor."""
     import jax.numpy as jnp
 
     from dflash_jax.ngram import NgramStep
@@ -246,6 +246,12 @@ def test_lookup_branches_hold_each_earlier_occurrences_continuation():
 
     assert paths(1) == [[9, 5, 6]]
     assert paths(2) == [[9, 5, 6], [7, 5, 6]]
+    # TreeStep.periodic: a continuation that reaches the anchor goes on with the match's period
+    loop = jnp.asarray([[5, 6, 5, 6, 0, 0, 0, 0]], jnp.int32)  # "5 6" ended at 1; the anchor is the 6 at 3
+    for periodic, want in ((False, [5, 6]), (True, [5, 6, 5])):
+        step = TreeStep(None, 8, NgramStep(4, 1, 4), min_match=2, ngram_nodes=3, periodic=periodic)
+        tree = step.best(step.with_branch(empty, *step.lookup(loop, jnp.asarray([3], jnp.int32), 3), 3))
+        assert np.asarray(tree.tokens)[0][np.asarray(tree.valid)[0]].tolist() == want, periodic
 
 
 def test_the_ancestor_mask_and_the_walk_follow_the_parents():
@@ -460,10 +466,11 @@ def test_a_child_never_sorts_before_its_parent_when_a_log_probability_rounds_abo
     """XLA's CPU exp/log can make a near-certain log-probability a few 1e-8 above 0 (seen in a shipped
     drafter's trees at ``tree_temperature`` 1.5). ``build_tree_with`` caps it at 0, so no child outscores
     its parent; the sorted tree keeps parents first and the accept walk takes the whole chain (before the
-    cap, a deep node sorted before its parent and the walk stopped there, losslessly but short)."""
+    cap, a deep node sorted before its parent and the walk stopped there, losslessly but short).
+    ``add_branch`` caps a branch's log-probabilities the same way."""
     import jax.numpy as jnp
 
-    from dflash_jax.tree import accept_walk, build_tree, sort_tree
+    from dflash_jax.tree import Tree, accept_walk, add_branch, build_tree, sort_tree
 
     k, v = 6, 5
     logp = np.full((1, k, v), -9.0, np.float32)
@@ -476,6 +483,12 @@ def test_a_child_never_sorts_before_its_parent_when_a_log_probability_rounds_abo
     assert all(score[i] <= score[parent[i]] for i in range(8) if parent[i] >= 0)
     target = jnp.ones((1, 9), jnp.int32)  # the target agrees with the chain everywhere
     assert int(accept_walk(tree, target, k).length[0]) == k
+    # add_branch caps a branch's log-probabilities too: a branch that follows node 0 (raising it to 0) and
+    # goes on with a token "certain" above 0 must not outscore the node it hangs from
+    one = Tree(*(jnp.asarray(x) for x in ([[3]], [[-1]], [[1]], np.asarray([[-0.5]], np.float32), [[True]])))
+    merged = add_branch(one, jnp.asarray([[3, 4]]), jnp.asarray([2]), 2, jnp.asarray([[0.0, 1e-7]], jnp.float32))
+    out = sort_tree(merged)
+    assert [(n[0], n[1]) for n in _nodes(out, 0) if n[3]] == [(3, -1), (4, 0)]  # the parent first
 
 
 def _path(nodes, i):
@@ -489,8 +502,9 @@ def _path(nodes, i):
 def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_models):
     """A DFlash 2 drafter's tree: each node's children are scored by the selector given the node's
     token, so following the best child from the anchor is the selector's greedy walk (``select``), at
-    any ``tree_temperature`` (which tempers the scores: ``selector_tree``'s temperature); decoding with
-    its trees is token-identical to plain, batch of 3 (gpt-oss: sliding window)."""
+    any ``tree_temperature`` (which tempers the greedy tree's scores: ``selector_tree``'s temperature; a
+    DFlash drafter's log-probabilities likewise; a sampled tree reads the sampling temperature alone);
+    decoding with its trees is token-identical to plain, batch of 3 (gpt-oss: sliding window)."""
     import dataclasses
 
     import jax
@@ -499,6 +513,7 @@ def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_mod
     from dflash_jax import checkpoint
     from dflash_jax.decode import Decoder
     from dflash_jax.drafter import DrafterConfig, DraftStep, init_drafter_params, select, selector_tree
+    from dflash_jax.sampling import Sampling
     from dflash_jax.speculation import make_plan
     from dflash_jax.tree_step import TreeStep
 
@@ -533,6 +548,24 @@ def test_a_dflash2_tree_scores_children_by_the_selector_and_is_lossless(tiny_mod
                 at = kids[0]
                 best.append(nodes[at][0])
             assert best == walk[row, : len(best)].tolist() and len(best) >= 3, (best, walk[row])
+    # a DFlash drafter's greedy tree reads its log-probabilities at the tree temperature too
+    from dflash_jax.tree import build_tree
+
+    plain_params = init_drafter_params(base, seed=5)
+    flat = DraftStep(dataclasses.replace(base, tree_temperature=2.0), ck.cfg)
+    pcache = flat.write_context(plain_params, flat.init_cache(b, s), feats, jnp.zeros((b,), jnp.int32))
+    pargs = (plain_params, ck.params, pcache, anchor, start, valid, 5)
+    got = flat.tree(*pargs, 12, tokens=tokens, sampling=None)
+    logits = DraftStep(base, ck.cfg).logits(*pargs, tokens=tokens)
+    want = build_tree(jax.nn.log_softmax(logits / 2.0, -1), 12)
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    assert not np.array_equal(got.score, build_tree(jax.nn.log_softmax(logits, -1), 12).score)
+    # a sampled tree is scored at the sampling temperature, whatever the drafter's tree_temperature
+    hot = Sampling(temperature=0.7)
+    tempered = DraftStep(dataclasses.replace(dcfg, tree_temperature=1.7), ck.cfg)
+    args = (dparams, ck.params, cache, anchor, start, valid, 5, 60)
+    sampled = [x.tree(*args, tokens=tokens, sampling=hot) for x in (step, tempered)]
+    assert all(np.array_equal(x, y) for x, y in zip(*sampled))
     # node 0 is the anchor's best child, the walk's first token at either temperature: a flatter q gives the
     # top candidate less (the top of softmax(s / T) falls as T grows)
     assert np.array_equal(trees[1.0].tokens[:, 0], trees[1.7].tokens[:, 0])
