@@ -56,7 +56,7 @@ def _compiled(
     ``tree_temperature``, 0) is the decoder's (``DraftStep.tree``); others are what ``tune_tree_scores.py``
     tries. ``lookup``: budgets
     instead, one tree each with prompt lookup's ``branches`` branches (``_with_branch``), in place of the
-    variants (the chain is returned either way)."""
+    variants (the chain is returned either way), built as ``tree_settings`` says (``_with_branch``)."""
     import jax
     import jax.numpy as jnp
 
@@ -109,13 +109,13 @@ def _compiled(
     return context, trees
 
 
-def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int = 1, tree_settings=None):
+def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos, branches: int, tree_settings):
     """The tree of ``plan_for(tree=budget, skip_drafter=False)`` (``tree_step.TreeStep`` with every row
     holding both drafts): the drafter's ``budget``-node tree, prompt lookup's continuation over the
     committed tokens ``toks[0, :pos + 1]`` merged in (``TreeStep.lookup`` / ``with_branch``), best first,
     cut to ``budget`` (``TreeStep.best``); ``branches`` > 1: as many earlier occurrences, a branch each
     (``TreeStep.lookup_branches``). ``tree_settings``: (the longest suffix the branches match, ``TreeStep.periodic``,
-    the temperature of the drafter's tree scores: ``selector_tree``'s)."""
+    the temperature of the drafter's tree scores: ``selector_tree``'s), as ``acceptance`` resolves them."""
     import jax
     import jax.numpy as jnp
 
@@ -125,8 +125,7 @@ def _with_branch(dparams, dcfg, tcfg, hidden, logits, anchor, budget, toks, pos,
     from dflash_jax.tree import build_tree
     from dflash_jax.tree_step import TreeStep
 
-    # plan_for's: (4, False, the drafter's tree_temperature)
-    nmax, periodic, temperature = (4, False, dcfg.tree_temperature) if tree_settings is None else tree_settings
+    nmax, periodic, temperature = tree_settings
     if dcfg.dflash2:
         tree = selector_tree(dparams, dcfg, hidden, logits, anchor, budget, temperature)
     else:
