@@ -936,7 +936,9 @@ def cmd_prepare_features(args) -> None:
     enable_compilation_cache()
     ck = checkpoint.load_target(c.target, dtype=c.train.compute_dtype)
     dcfg = drafter_config(c, ck.cfg, ck.tokenizer())
-    ds = data.TokenDataset(c.data, max_shards=c.data_shards or None)
+    if not isinstance(c.data, str) and len(c.data) > 1:
+        sys.exit(f"error: prepare-features makes one folder's features; {args.config} names {len(c.data)} data folders")
+    ds = data.open_data(c.data, c.data_shards)
     t0 = time.perf_counter()
     folder = prepare.write_features(
         ds, ck, dcfg.target_layer_ids, dtype=c.train.compute_dtype, batch_size=args.batch_size

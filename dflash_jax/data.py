@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_jax.errors import DataError
+from dflash_jax.errors import ConfigError, DataError
 from dflash_jax.utils import atomic_folder, json_sha256
 
 FORMAT = "dflash-jax-tokens"
@@ -196,7 +196,44 @@ class Shard:
             )
 
 
-class TokenDataset:
+class _Shards:
+    """Sequences read across a list of ``Shard`` (``self.shards``, in order): what ``TokenDataset``
+    and ``DatasetMix`` share. Sequence ``i`` is row ``j`` of shard ``k`` (``locate``)."""
+
+    shards: list[Shard]
+
+    def _index(self) -> None:
+        self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def shard_start(self, k: int) -> int:
+        """Index of shard ``k``'s first sequence (``k == len(self.shards)``: the dataset's size)."""
+        return int(self._starts[k])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard k, row j in it)`` of sequence ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return k, i - int(self._starts[k])
+
+    def __getitem__(self, i: int):
+        k, j = self.locate(i)
+        return self.shards[k][j]
+
+    def lengths(self) -> np.ndarray:
+        """int64 ``[len(self)]``: tokens per sequence, from the offsets (no token is read)."""
+        return np.concatenate([np.diff(np.asarray(s.offsets)) for s in self.shards])
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ``DataError`` if a token id is outside ``[0, vocab_size)`` (another tokenizer?)."""
+        for s in self.shards:
+            s.check_vocab(vocab_size)
+
+
+class TokenDataset(_Shards):
     """A token dataset: one folder (``write_dataset``) or a folder of shards (``prepare``).
 
     ``len()`` sequences; ``[i]`` -> ``(tokens int32 [n], loss_mask bool [n])``; ``meta`` is the
@@ -246,7 +283,12 @@ class TokenDataset:
         else:
             self.shards = [Shard(self.folder)]
             self.meta = self.shards[0].meta
-        self._starts = np.cumsum([0] + [len(s) for s in self.shards])
+        self._index()
+
+    @property
+    def parts(self) -> list[TokenDataset]:
+        """The datasets read (``DatasetMix``'s field): this one."""
+        return [self]
 
     @property
     def complete(self) -> bool:
@@ -268,32 +310,61 @@ class TokenDataset:
             "content_sha256": [s.content_sha256 for s in self.shards],
         }
 
-    def __len__(self) -> int:
-        return int(self._starts[-1])
 
-    def shard_start(self, k: int) -> int:
-        """Index of shard ``k``'s first sequence (``k == len(self.shards)``: the dataset's size)."""
-        return int(self._starts[k])
+class DatasetMix(_Shards):
+    """Several token datasets read as one, in the order given: sequence ``i`` is the first part's
+    while ``i`` is below its size, then the second's, and so on (a training run draws its order over
+    the whole; ``TrainConfig.data`` naming several folders, e.g. single-turn answers beside chats).
 
-    def locate(self, i: int) -> tuple[int, int]:
-        """``(shard k, row j in it)`` of sequence ``i``."""
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return k, i - int(self._starts[k])
+    ``parts``: the ``TokenDataset`` s; ``shards``: theirs, in order (so ``eval.val_within_shards``
+    counts the first part's shards first)."""
 
-    def __getitem__(self, i: int):
-        k, j = self.locate(i)
-        return self.shards[k][j]
+    def __init__(self, parts: Sequence[TokenDataset]):
+        if len(parts) < 2:
+            raise ValueError(f"a DatasetMix reads two or more datasets, got {len(parts)}; use the TokenDataset")
+        self.parts = list(parts)
+        self.shards = [s for p in self.parts for s in p.shards]
+        self._index()
 
-    def lengths(self) -> np.ndarray:
-        """int64 ``[len(self)]``: tokens per sequence, from the offsets (no token is read)."""
-        return np.concatenate([np.diff(np.asarray(s.offsets)) for s in self.shards])
+    @property
+    def complete(self) -> bool:
+        """Every part complete (``TokenDataset.complete``)."""
+        return all(p.complete for p in self.parts)
 
-    def check_vocab(self, vocab_size: int) -> None:
-        """Raise ``DataError`` if a token id is outside ``[0, vocab_size)`` (another tokenizer?)."""
-        for s in self.shards:
-            s.check_vocab(vocab_size)
+    @property
+    def identity(self) -> dict:
+        """Each part's ``TokenDataset.identity`` with its folder's name, in order."""
+        return {"parts": [{"folder": p.folder.name, **p.identity} for p in self.parts]}
+
+
+def open_data(folders: str | Path | Sequence[str | Path], max_shards: int | Sequence[int] = 0):
+    """The dataset of one folder (``TokenDataset``) or several (``DatasetMix``, in the order given).
+
+    Args:
+      folders: a dataset folder, or a sequence of them.
+      max_shards: the first N shards of each (``TokenDataset``'s ``max_shards``; 0: all): one number
+        for one folder, or one per folder; 0 alone for several folders reads all of each.
+
+    Raises:
+      ConfigError: ``max_shards`` not matching the folders (the message names the fix).
+      DataError: as ``TokenDataset``.
+    """
+    if isinstance(folders, (str, Path)):
+        if not isinstance(max_shards, int):
+            raise ConfigError(f"one data folder takes one data_shards number, got {max_shards!r}")
+        return TokenDataset(folders, max_shards=max_shards or None)
+    folders = list(folders)
+    if isinstance(max_shards, int):
+        if max_shards and len(folders) > 1:
+            raise ConfigError(
+                f"data_shards={max_shards} with {len(folders)} data folders: give one count per folder, "
+                f"e.g. data_shards={tuple([max_shards] + [0] * (len(folders) - 1))} (0 = all)"
+            )
+        max_shards = [max_shards] * len(folders)
+    if len(max_shards) != len(folders):
+        raise ConfigError(f"data_shards has {len(max_shards)} counts for {len(folders)} data folders; give one each")
+    parts = [TokenDataset(f, max_shards=m or None) for f, m in zip(folders, max_shards)]
+    return parts[0] if len(parts) == 1 else DatasetMix(parts)
 
 
 # ----------------------------------------------------------------------------- stored target features

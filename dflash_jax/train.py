@@ -136,26 +136,28 @@ class Trainer:
         """The token dataset (complete, large enough, of this target's tokenizer) and, with
         ``train.stored_features``, its stored target features."""
         c = self.c
-        self.ds = data.TokenDataset(c.data, max_shards=c.data_shards or None)
-        if not self.ds.complete:
-            raise DataError(
-                f"{c.data} is incomplete ({len(self.ds.shards)} shards so far): if prepare-data is still "
-                "running, wait for it; if it stopped, rerun its command (it resumes, and names a damaged "
-                "shard to delete); or set data_shards=N to train on the first N shards"
-            )
+        self.ds = data.open_data(c.data, c.data_shards)
+        for part in self.ds.parts:
+            if not part.complete:
+                raise DataError(
+                    f"{part.folder} is incomplete ({len(part.shards)} shards so far): if prepare-data is still "
+                    "running, wait for it; if it stopped, rerun its command (it resumes, and names a damaged "
+                    "shard to delete); or set data_shards to train on its first shards"
+                )
+            want = part.meta.get("tokenizer_sha256")
+            if want and want != self.target.identity["tokenizer_sha256"]:
+                raise DataError(f"{part.folder} was tokenised with another tokenizer than the target {c.target}'s")
         if len(self.ds) <= c.eval.val_size:
             raise DataError(
                 f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} plus training"
             )
         self.ds.check_vocab(self.tcfg.vocab_size)
-        want = self.ds.meta.get("tokenizer_sha256")
-        if want and want != self.target.identity["tokenizer_sha256"]:
-            raise DataError(f"{c.data} was tokenised with another tokenizer than the target {c.target}'s")
         self.features = None  # stored target features (train.stored_features): the step skips the target forward
         self.features_width = len(self.dcfg.target_layer_ids) * self.tcfg.hidden_size
         if c.train.stored_features:
+            who, layers = self.target.identity, self.dcfg.target_layer_ids
             self.features = data.FeatureStore(
-                data.features_folder(c.data, self.target.identity, self.dcfg.target_layer_ids, c.train.compute_dtype),
+                data.features_folder(self.ds.parts[0].folder, who, layers, c.train.compute_dtype),
                 self.ds,
                 self.features_width,
             )

@@ -355,10 +355,13 @@ class TrainConfig:
 
     Fields:
       target: a converted target checkpoint folder or a known name (``smollm2-135m-instruct``).
-      data: the token dataset folder (``dflash-jax prepare-data``).
+      data: the token dataset folder (``dflash-jax prepare-data``), or a tuple of them read as one
+        (``data.DatasetMix``: e.g. single-turn answers beside multi-turn chats; the run draws its order,
+        anchors and held-out answers over all of them).
       out_dir: the run's folder (checkpoints, metrics, ``best/``, ``drafter/``).
       seed: seeds the drafter's initialisation, the held-out split, the data order and the anchors.
-      data_shards: N: train on the first N shards only (a dataset still being extended); 0: all.
+      data_shards: N: train on the first N shards only (a dataset still being extended); 0: all. With
+        several ``data`` folders: 0 (all of each) or a tuple, one count per folder.
       init_from: a drafter folder whose weights start a fresh run (its config must match
         ``drafter``; what fills its blocks may differ: a copy bias it lacks, or the rows of matches
         longer than its ``ngram_max``, start at ``drafter.copy_bias``); '': random initialisation.
@@ -377,10 +380,10 @@ class TrainConfig:
     """
 
     target: str
-    data: str
+    data: str | tuple[str, ...]
     out_dir: str
     seed: int = 0
-    data_shards: int = 0
+    data_shards: int | tuple[int, ...] = 0
     init_from: str = ""
     init_grow: bool = False
     mesh: tuple[int, ...] = (1, 1, 1)
@@ -390,17 +393,36 @@ class TrainConfig:
     ckpt: CkptSettings
 
     def __post_init__(self) -> None:
-        _as_tuple(self, "mesh")
-        for key in ("target", "data", "out_dir"):
+        for key in ("mesh", "data", "data_shards"):
+            _as_tuple(self, key)
+        for key in ("target", "out_dir"):
             value = getattr(self, key)
             _need(isinstance(value, str) and value, f"{key} must be a non-empty string")
+        folders = self.data if isinstance(self.data, tuple) else (self.data,)
+        _need(
+            bool(folders) and all(isinstance(x, str) and x for x in folders),
+            "data must be a dataset folder or a tuple of them (non-empty strings)",
+        )
+        _need(len(set(folders)) == len(folders), f"data names a folder twice: {self.data}")
         _need(_is_int(self.seed), "seed must be an integer")
         mesh = self.mesh
         _need(
             isinstance(mesh, tuple) and len(mesh) in (3, 4) and all(_is_int(x) and x >= 1 for x in mesh),
             "mesh must be three or four positive integers (data, fsdp, tensor[, expert])",
         )
-        _need(_is_int(self.data_shards) and self.data_shards >= 0, "data_shards must be an integer >= 0")
+        shards = self.data_shards
+        if isinstance(shards, tuple):
+            _need(
+                len(shards) == len(folders) and all(_is_int(x) and x >= 0 for x in shards),
+                f"data_shards must be one integer >= 0 per data folder ({len(folders)}), got {shards}",
+            )
+        else:
+            _need(_is_int(shards) and shards >= 0, "data_shards must be an integer >= 0")
+            _need(
+                len(folders) == 1 or shards == 0,
+                f"data_shards={shards} with {len(folders)} data folders: give one count per folder "
+                f"(e.g. {(shards,) + (0,) * (len(folders) - 1)}; 0 = all) or 0",
+            )
         _need(isinstance(self.init_from, str), "init_from must be a drafter folder path or ''")
         _need(isinstance(self.init_grow, bool), "init_grow must be True or False")
         _need(not self.init_grow or self.init_from, "init_grow=True needs init_from (the drafter to grow)")
@@ -419,6 +441,11 @@ class TrainConfig:
             t.selector_objective == "ce" or not t.stored_features or not d.dflash2,
             "train.selector_objective 'kl' reads the target's distribution, which stored features do not hold: "
             "set train.stored_features=False",
+        )
+        _need(
+            not t.stored_features or len(folders) == 1,
+            "train.stored_features reads one data folder's stored features; name one folder in data, "
+            "or set train.stored_features=False",
         )
 
     def to_dict(self) -> dict:
@@ -506,6 +533,9 @@ def _with_defaults(raw: dict, path: Path) -> dict:
     return fill(TrainConfig, raw, "")
 
 
+_ONE_OR_SEVERAL = ("data", "data_shards")  # top-level fields taking one value or a tuple of them
+
+
 def _override(values: dict, item: str) -> None:
     """Apply one ``key.sub=value`` override to ``values`` (``_with_defaults``'s, every key present).
 
@@ -534,7 +564,12 @@ def _override(values: dict, item: str) -> None:
     old = node[name]
     if isinstance(old, float) and _is_int(value):
         value = float(value)
-    if isinstance(old, (tuple, list)) and isinstance(value, (tuple, list)):
+    several = len(parts) == 1 and name in _ONE_OR_SEVERAL
+    if several and isinstance(value, (tuple, list)):
+        value = tuple(value)  # a field that takes one value or a tuple of them (``data``, ``data_shards``)
+    elif several and isinstance(old, tuple) and isinstance(value, (str, int)):
+        pass
+    elif isinstance(old, (tuple, list)) and isinstance(value, (tuple, list)):
         value = tuple(value)
     elif old is not None and value is not None and type(old) is not type(value):
         raise ConfigError(f"{key}: expected {type(old).__name__}, got {raw!r}")

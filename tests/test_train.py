@@ -786,6 +786,60 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
     assert np.isfinite(last["val_loss"]) and (tmp_path / "r2" / "best" / "dflash_jax.json").exists()
 
 
+def test_several_data_folders_train_as_one_dataset(tiny, tmp_path):
+    """``data`` naming two folders reads them as one dataset, the first's sequences first; the run
+    records each part's identity (a one-folder run's identity is unchanged), and trains; a part left
+    unfinished is refused by name; counts that do not fit the folders, a folder named twice and stored
+    features with several folders are refused in one line each."""
+    ck, folder = tiny
+    import shutil
+
+    second = tmp_path / "chats"
+    shutil.copytree(folder, second)
+    one = data.TokenDataset(folder)
+    mix = data.open_data([folder, second])
+    assert isinstance(mix, data.DatasetMix) and len(mix) == 2 * len(one)
+    n = len(one)
+    for i in (0, n - 1, n, 2 * n - 1):
+        tok, mask = mix[i]
+        want_tok, want_mask = one[i % n]
+        assert np.array_equal(tok, want_tok) and np.array_equal(mask, want_mask)
+    assert np.array_equal(mix.lengths(), np.concatenate([one.lengths(), one.lengths()]))
+    assert mix.shard_start(1) == n and mix.locate(n) == (1, 0)
+    assert [p["folder"] for p in mix.identity["parts"]] == [folder.name, "chats"]
+    assert data.open_data([folder]).identity == one.identity == data.open_data(folder).identity
+
+    out = tmp_path / "r"
+    c = tiny_config(ck, folder, out, f"data=('{folder}', '{second}')", "train.steps=2", "eval.every=2")
+    assert c.data == (str(folder), str(second)) and c.data_shards == 0
+    trainer = Trainer(c, log=lambda *_: None)
+    assert len(trainer.ds) == 2 * n and len(trainer.identity["data"]["parts"]) == 2
+    assert np.isfinite(trainer.run()["loss"])
+    solo = Trainer(tiny_config(ck, folder, tmp_path / "solo"), log=lambda *_: None)
+    assert solo.identity["data"] == one.identity
+
+    part = tmp_path / "part"  # a sharded folder whose prepare-data has not finished
+    shutil.copytree(folder, part / "shard_00000")
+    meta = {"format": data.SHARDED_FORMAT, "format_version": 1, "complete": False, "shards": ["shard_00000"]}
+    (part / "meta.json").write_text(json.dumps({**meta, "num_sequences": n}))
+    with pytest.raises(data.DataError, match=f"{part} is incomplete"):
+        Trainer(tiny_config(ck, folder, tmp_path / "r2", f"data=('{folder}', '{part}')"))
+    mixed = Trainer(
+        tiny_config(ck, folder, tmp_path / "r3", f"data=('{folder}', '{part}')", "data_shards=(0, 1)"),
+        log=lambda *_: None,
+    )
+    assert len(mixed.ds) == 2 * n
+    for bad, match in (
+        ("data_shards=1", "give one count per folder"),
+        ("data_shards=(1, 1, 1)", "one integer >= 0 per data folder"),
+        ("train.stored_features=True", "stored features; name one folder"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            tiny_config(ck, folder, tmp_path / "r4", f"data=('{folder}', '{part}')", bad)
+    with pytest.raises(ConfigError, match="names a folder twice"):
+        tiny_config(ck, folder, tmp_path / "r4", f"data=('{folder}', '{folder}')")
+
+
 def test_best_by_a_tau_writes_best_where_that_tau_peaks(tiny, tmp_path, monkeypatch):
     """eval.best_by="tau_blocks": best/ is written at every validation that raises the held-out
     blocks' tau above all earlier ones (not where the loss falls); a resumed run keeps its best
