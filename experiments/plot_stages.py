@@ -40,12 +40,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 def held_out_split(cfg: dict) -> tuple:
     """What decides a run's held-out answers: seed, val_size and the shard range drawn from."""
     within = cfg["eval"].get("val_within_shards") or cfg.get("data_shards")
-    return cfg.get("seed"), cfg["eval"].get("val_size"), within, cfg.get("data")
+    hashable = lambda x: tuple(x) if isinstance(x, list) else x  # noqa: E731  (several data folders)
+    return cfg.get("seed"), cfg["eval"].get("val_size"), hashable(within), hashable(cfg.get("data"))
 
 
 def shard_size(cfg: dict) -> int:
-    """Answers per shard of the run's dataset (its ``meta.json``)."""
-    meta = Path(cfg["data"]) / "meta.json"
+    """Answers per shard of the run's dataset (its first folder's ``meta.json``)."""
+    data = cfg["data"]
+    meta = Path(data if isinstance(data, str) else data[0]) / "meta.json"
     if not meta.is_file():
         raise SystemExit(f"{meta} not found: the run's dataset must be here to count its answers")
     return int(json.loads(meta.read_text())["settings"]["shard_size"])
