@@ -243,10 +243,16 @@ def make(count: int, seed: int) -> list[dict]:
     names = list(SUBJECTS)
     while len(rows) < count:
         subject = names[len(rows) % len(names)]
-        q = SUBJECTS[subject](r)
-        if q not in seen:
-            seen.add(q)
-            rows.append({"question": q, "subject": subject})
+        for _ in range(10_000):
+            q = SUBJECTS[subject](r)
+            if q not in seen:
+                break
+        else:
+            raise SystemExit(
+                f"error: the {subject} templates make fewer than {count // len(names) + 1} prompts; ask fewer"
+            )
+        seen.add(q)
+        rows.append({"question": q, "subject": subject})
     return rows
 
 
