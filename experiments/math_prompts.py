@@ -159,8 +159,8 @@ def counting(r: random.Random) -> str:
             f"In how many ways can a committee of ${k}$ people be chosen from a group of ${n}$ people?",
             f"A jar holds ${red}$ red and ${blue}$ blue marbles. You draw two marbles without putting the first back. "
             "Find the probability that the two have the same colour, as a fraction in lowest terms.",
-            f"Roll two fair dice with ${r.choice([4, 8, 10, 12])}$ faces each, numbered from $1$ up. What is the chance "
-            f"that the faces add up to ${r.randint(4, 9)}$? Give a fraction in lowest terms.",
+            f"Roll two fair dice with ${r.choice([4, 8, 10, 12])}$ faces each, numbered from $1$ up. What is the "
+            f"chance that the faces add up to ${r.randint(4, 9)}$? Give a fraction in lowest terms.",
             f"Count the distinct orderings of the letters in {r.choice(WORDS)}.",
             f"How many {k}-digit positive integers have digits that are all odd?",
             f"Flip a fair coin ${n}$ times. Find the probability of getting exactly ${k}$ heads, as a fraction in "
