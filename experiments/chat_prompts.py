@@ -8,7 +8,7 @@ MT-Bench's writing, role-play, reasoning and mathematics questions, and the draf
 (2.2) and mathematics (2.2; ``experiments/math_prompts.py`` covers that). The target answers these prompts itself
 (``prepare-data``), so the drafter learns SmolLM2's own long-form prose. No benchmark question is used or
 paraphrased: every prompt is a template below filled from lists written here (seeded), and ``--check`` refuses a
-file that shares an 8-word run with MT-Bench's turns.
+template that reads as an MT-Bench turn (``math_prompts.overlaps``: the longest run of words in common).
 
     .venv/bin/python experiments/chat_prompts.py --count 2048 --out data/prompts/chat_templates.jsonl --check
     .venv/bin/dflash-jax prepare-data --prompts data/prompts/chat_templates.jsonl --format plain \\
@@ -23,14 +23,14 @@ import argparse
 import json
 import os
 import random
-import re
 from pathlib import Path
+
+from math_prompts import benchmark_texts, overlaps
 
 TOPICS = (
     "a week of hiking in the Scottish Highlands",
     "learning to bake sourdough bread",
     "the first day at a new job",
-    "a night market in Taipei",
     "growing tomatoes on a city balcony",
     "the history of the printing press",
     "a solar eclipse seen from a small village",
@@ -99,7 +99,6 @@ FORMS = (
     "a blog post",
     "a short story",
     "a persuasive essay",
-    "a poem",
     "a personal letter",
     "a speech for a school assembly",
     "a newspaper article",
@@ -175,37 +174,78 @@ NAMES = ("Alice", "Ben", "Chloe", "Daniel", "Emma", "Farid", "Grace", "Hiro", "I
 THINGS = ("apples", "pencils", "marbles", "stickers", "books", "coins", "cookies", "stamps", "shells", "cards")
 
 
-ODD_ONE_OUT = (
-    "violin, guitar, trumpet, cello",
-    "oak, pine, rose, birch",
-    "Paris, Rome, Spain, Berlin",
-    "square, circle, cube",
-)
-
-
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def writing(r: random.Random) -> str:
-    form, topic = r.choice(FORMS), r.choice(TOPICS)
+    topic = r.choice(TOPICS)
     lead = r.choice(("Write", "Compose", "Draft", "Create", "Please write", "Could you write"))
-    return f"{lead} {form} about {topic}.{r.choice(CONSTRAINTS)}"
+    if r.random() < 0.15:
+        form, rule = r.choice(VERSE), r.choice(("", " Make it rhyme.", " Keep it light-hearted.", " Give it a title."))
+    else:
+        form, rule = r.choice(FORMS), r.choice(CONSTRAINTS)
+    return f"{lead} {form} about {topic}.{rule}"
 
 
-def editing(r: random.Random) -> str:
+PROPOSITIONS = (
+    "school uniforms",
+    "a four-day working week",
+    "banning cars from city centres",
+    "homework for young children",
+    "public money for space exploration",
+    "nuclear power",
+    "an age limit for social media",
+    "shops that refuse cash",
+    "year-round schooling",
+    "working from home",
+    "free public transport",
+    "a tax on sugary drinks",
+    "keeping animals in zoos",
+    "self-checkout machines",
+    "daylight saving time",
+    "mobile phones in classrooms",
+    "building more high-rise housing",
+    "paying students for good grades",
+    "tourist taxes",
+    "a universal basic income",
+)
+ACTIVITIES = (
+    "a weekend hike",
+    "a pottery class",
+    "a beach clean-up",
+    "a board game night",
+    "a cooking workshop",
+    "a charity run",
+    "a visit to the science museum",
+    "a picnic in the park",
+    "a community garden day",
+    "a photography walk",
+    "a trip to the farmers' market",
+    "an outdoor film screening",
+    "a salsa lesson",
+    "a stargazing evening",
+    "a bike ride along the river",
+    "a quiz night at the library",
+)
+VERSE = ("a poem", "a limerick", "a song chorus")
+
+
+def planning(r: random.Random) -> str:
     topic = r.choice(TOPICS)
     return r.choice(
         [
             f"Suggest five titles for an article about {topic}, and explain which one you would choose.",
             f"Write an outline for a talk about {topic}, with an introduction, three main points and a conclusion.",
-            f"Describe {topic} using all five senses, in one paragraph.",
             f"Write two short paragraphs about {topic}: one hopeful, one worried.",
             f"Write the first and last sentences of a story about {topic}, then fill in the middle in 100 words.",
-            f"Summarise the main arguments for and against {topic.removeprefix('the ')} as a balanced list.",
+            f"Summarise the main arguments for and against {r.choice(PROPOSITIONS)}, as a balanced list.",
             f"Explain how you would turn {topic} into {r.choice(FORMS)}: the audience, the tone and the structure.",
-            f"Write a short email inviting a friend to join you for {topic}.{r.choice(CONSTRAINTS)}",
+            f"Write a short email inviting a friend to join you for {r.choice(ACTIVITIES)}."
+            f"{r.choice(('', ' Keep it friendly and brief.', ' Mention the time and place.', ' Make it funny.'))}",
             f"Give {r.randint(3, 7)} questions an interviewer might ask an expert on {topic}, with short answers.",
+            f"Write a short debate between two people about {r.choice(PROPOSITIONS)}, each making two points.",
+            f"Make a packing list for {r.choice(ACTIVITIES)} and explain why each item is on it.",
         ]
     )
 
@@ -218,7 +258,8 @@ def roleplay(r: random.Random) -> str:
 
 def reasoning(r: random.Random) -> str:
     a, b, c, d = r.sample(NAMES, 4)
-    x, y = r.randint(3, 30), r.randint(2, 9)
+    x = r.randint(6, 30)
+    y = r.randint(2, min(9, x // 2))
     thing = r.choice(THINGS)
     return r.choice(
         [
@@ -228,22 +269,30 @@ def reasoning(r: random.Random) -> str:
             f"In a line of {x + 5} people, {a} is {_ordinal(y)} from the front. What is {a}'s position from the back?",
             f"{a}, {b} and {c} each have a different pet: a dog, a cat and a fish. {a} does not have the dog, and "
             f"{b} has the cat. Who has which pet?",
-            f"If all {thing} in a box are red, and {a} takes one {thing[:-1]} from the box, what colour is it? "
+            f"If all {thing} in a box are red, and {a} takes one of them out, what colour is it? "
             "Is the conclusion certain? Explain.",
             f"A clock shows {r.randint(1, 11)}:{r.choice(['00', '15', '30', '45'])}. What is the angle between "
             "the hour and minute hands? Explain your reasoning.",
             f"{a} walks {x} metres north, then {y} metres east, then {x} metres south. How far is {a} from the "
             "start, and in which direction?",
-            f"{d}'s mother has four children. Three of them are called {a}, {b} and {c}. What is the name of the "
-            "fourth child? Explain.",
-            f"Which one does not belong: {r.choice(ODD_ONE_OUT)}? Why?",
             f"If it takes {y} workers {x} hours to build a wall, how long would it take {y * 2} workers, assuming "
             "they all work at the same rate? What assumptions are you making?",
+            f"{a} says: 'I always lie.' Can that sentence be true? Explain the puzzle and what it shows.",
+            f"{a} is twice as old as {b}. In {y} years the sum of their ages will be {3 * x + 2 * y}. "
+            "How old is each now? Show your reasoning.",
+            f"{a}, {b}, {c} and {d} finish a race. {b} finishes before {a}, {c} finishes last, and {d} is not first. "
+            "In what order did they finish?",
+            f"A shop sells {thing} at {y} for ${x}. How much do {y * 3} {thing} cost, and what is the price of one? "
+            "Explain.",
+            f"{a} starts reading a {x * 10}-page book and reads {y * 5} pages a day. On which day does {a} finish? "
+            "Explain your answer.",
+            f"Three friends, {a}, {b} and {c}, split a bill of ${x * 3 + y}. {a} pays ${y} more than each of the other "
+            "two, who pay the same. How much does each pay?",
         ]
     )
 
 
-KINDS = {"writing": writing, "editing": editing, "roleplay": roleplay, "reasoning": reasoning}
+KINDS = {"writing": writing, "planning": planning, "roleplay": roleplay, "reasoning": reasoning}
 
 
 def make(count: int, seed: int) -> list[dict]:
@@ -265,22 +314,6 @@ def make(count: int, seed: int) -> list[dict]:
     return rows
 
 
-def shared_runs(rows: list[dict], benchmark: Path, n: int = 8) -> list[str]:
-    """The prompts that share a run of ``n`` words with a turn of ``benchmark`` (MT-Bench's JSONL)."""
-    words = lambda t: re.findall(r"\w+", t.lower())  # noqa: E731
-    grams = set()
-    for line in benchmark.read_text().splitlines():
-        for turn in json.loads(line)["turns"]:
-            w = words(turn)
-            grams.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
-    hits = []
-    for row in rows:
-        w = words(row["prompt"])
-        if any(tuple(w[i : i + n]) in grams for i in range(len(w) - n + 1)):
-            hits.append(row["prompt"])
-    return hits
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", type=int, default=2048, help="prompts (default 2048)")
@@ -289,20 +322,24 @@ def main() -> None:
     ap.add_argument(
         "--check",
         action="store_true",
-        help="refuse to write if a prompt shares an 8-word run with MT-Bench (../shared/data/eval/mt_bench.jsonl)",
+        help="refuse to write if a template reads as an MT-Bench turn or a MATH-500 problem (../shared/data/eval; "
+        "math_prompts.overlaps)",
     )
     args = ap.parse_args()
     if args.count < 1:
         raise SystemExit("error: --count must be >= 1")
     rows = make(args.count, args.seed)
     if args.check:
-        bench = Path(__file__).resolve().parents[2] / "shared/data/eval/mt_bench.jsonl"
-        if not bench.is_file():
-            raise SystemExit(f"error: --check needs {bench}")
-        hits = shared_runs(rows, bench)
+        shared = Path(__file__).resolve().parents[2] / "shared/data/eval"
+        if not shared.is_dir():
+            raise SystemExit(f"error: --check needs {shared}")
+        hits = overlaps(rows, "prompt", benchmark_texts(shared))
         if hits:
-            raise SystemExit(f"error: {len(hits)} prompts share an 8-word run with MT-Bench, e.g. {hits[0]!r}")
-        print(f"checked: no prompt shares an 8-word run with {bench.name}")
+            raise SystemExit(
+                f"error: {len(hits)} templates read as an MT-Bench turn or a MATH-500 problem, e.g. {hits[0][0]!r} "
+                f"and {hits[0][1][:120]!r}; reword them"
+            )
+        print("checked: no template reads as an MT-Bench turn or a MATH-500 problem")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
