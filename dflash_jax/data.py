@@ -317,11 +317,29 @@ class DatasetMix(_Shards):
     the whole; ``TrainConfig.data`` naming several folders, e.g. single-turn answers beside chats).
 
     ``parts``: the ``TokenDataset`` s; ``shards``: theirs, in order (so ``eval.val_within_shards``
-    counts the first part's shards first)."""
+    counts the first part's shards first).
+
+    Raises (on construction):
+      ValueError: fewer than two parts.
+      DataError: two parts that are one folder, or that hold a shard of the same content (an answer
+        held out from one would be trained on in the other).
+    """
 
     def __init__(self, parts: Sequence[TokenDataset]):
         if len(parts) < 2:
             raise ValueError(f"a DatasetMix reads two or more datasets, got {len(parts)}; use the TokenDataset")
+        folders = [p.folder.resolve() for p in parts]
+        if len(set(folders)) < len(folders):
+            raise DataError(f"data names one folder twice ({', '.join(str(p.folder) for p in parts)}); name it once")
+        where: dict[str, str] = {}
+        for p in parts:
+            for shard in p.shards:
+                seen = where.setdefault(shard.content_sha256, str(shard.folder))
+                if seen != str(shard.folder):
+                    raise DataError(
+                        f"{shard.folder} and {seen} hold the same answers: a held-out answer would be trained on; "
+                        "name each dataset once"
+                    )
         self.parts = list(parts)
         self.shards = [s for p in self.parts for s in p.shards]
         self._index()
@@ -333,27 +351,27 @@ class DatasetMix(_Shards):
 
     @property
     def identity(self) -> dict:
-        """Each part's ``TokenDataset.identity`` with its folder's name, in order."""
-        return {"parts": [{"folder": p.folder.name, **p.identity} for p in self.parts]}
+        """Each part's ``TokenDataset.identity``, in order (the content hashes name the data, so a folder
+        may be renamed or moved between a run and its resume, as for one folder)."""
+        return {"parts": [p.identity for p in self.parts]}
 
 
-def open_data(folders: str | Path | Sequence[str | Path], max_shards: int | Sequence[int] = 0):
+Dataset = TokenDataset | DatasetMix  # what a training run reads (``open_data``)
+
+
+def open_data(folders: str | Path | Sequence[str | Path], max_shards: int | Sequence[int] = 0) -> Dataset:
     """The dataset of one folder (``TokenDataset``) or several (``DatasetMix``, in the order given).
 
     Args:
       folders: a dataset folder, or a sequence of them.
-      max_shards: the first N shards of each (``TokenDataset``'s ``max_shards``; 0: all): one number
-        for one folder, or one per folder; 0 alone for several folders reads all of each.
+      max_shards: the first N shards of each (``TokenDataset``'s ``max_shards``; 0: all): one number,
+        or one per folder; one number other than 0 with several folders is refused.
 
     Raises:
       ConfigError: ``max_shards`` not matching the folders (the message names the fix).
-      DataError: as ``TokenDataset``.
+      DataError: as ``TokenDataset`` and ``DatasetMix``.
     """
-    if isinstance(folders, (str, Path)):
-        if not isinstance(max_shards, int):
-            raise ConfigError(f"one data folder takes one data_shards number, got {max_shards!r}")
-        return TokenDataset(folders, max_shards=max_shards or None)
-    folders = list(folders)
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
     if isinstance(max_shards, int):
         if max_shards and len(folders) > 1:
             raise ConfigError(

@@ -16,17 +16,17 @@ import grain
 import jax
 import numpy as np
 
-from dflash_jax.data import FeatureStore, TokenDataset
+from dflash_jax.data import Dataset, FeatureStore
 from dflash_jax.errors import DataError
 
 
 class PaddedSource:
-    """grain source: sequence ``indices[i]`` of a ``TokenDataset``, cut/padded to ``max_len``:
+    """grain source: sequence ``indices[i]`` of a dataset (``data.open_data``), cut/padded to ``max_len``:
     ``{"tokens": int32 [max_len], "loss_mask": bool [max_len]}``, plus ``"features"`` float32
     ``[max_len, F]`` (zeros past the sequence) when a ``FeatureStore`` is given."""
 
     def __init__(
-        self, ds: TokenDataset, indices: np.ndarray, max_len: int, pad_id: int = 0, features: FeatureStore | None = None
+        self, ds: Dataset, indices: np.ndarray, max_len: int, pad_id: int = 0, features: FeatureStore | None = None
     ):
         self.ds, self.indices, self.max_len, self.pad_id = ds, np.asarray(indices), max_len, pad_id
         self.features = features
@@ -73,7 +73,7 @@ def split_indices(n: int, val_size: int, seed: int = 0, within: int | None = Non
 
 
 def rows(
-    ds: TokenDataset,
+    ds: Dataset,
     indices: np.ndarray,
     *,
     max_len: int,
@@ -110,7 +110,7 @@ def bucket_lengths(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
 
 
 def bucketed_batches(
-    ds: TokenDataset,
+    ds: Dataset,
     indices: np.ndarray,
     *,
     batch_size: int,

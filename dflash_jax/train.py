@@ -142,14 +142,16 @@ class Trainer:
                 raise DataError(
                     f"{part.folder} is incomplete ({len(part.shards)} shards so far): if prepare-data is still "
                     "running, wait for it; if it stopped, rerun its command (it resumes, and names a damaged "
-                    "shard to delete); or set data_shards to train on its first shards"
+                    "shard to delete); or set data_shards to train on its first shards (with several data folders, "
+                    "one count each: data_shards=(0, N))"
                 )
             want = part.meta.get("tokenizer_sha256")
             if want and want != self.target.identity["tokenizer_sha256"]:
                 raise DataError(f"{part.folder} was tokenised with another tokenizer than the target {c.target}'s")
         if len(self.ds) <= c.eval.val_size:
             raise DataError(
-                f"{c.data} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} plus training"
+                f"{_named(c.data)} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} plus "
+                "training"
             )
         self.ds.check_vocab(self.tcfg.vocab_size)
         self.features = None  # stored target features (train.stored_features): the step skips the target forward
@@ -172,7 +174,7 @@ class Trainer:
         if k > len(self.ds.shards):
             raise ConfigError(
                 f"eval.val_within_shards={k} but this run reads {len(self.ds.shards)} shard(s) of "
-                f"{c.data}; ask for at most that many (0 = all)"
+                f"{_named(c.data)}; ask for at most that many (0 = all)"
             )
         within = self.ds.shard_start(k)
         if c.eval.val_size >= within:
@@ -531,3 +533,8 @@ def _check_batch_layout(c: TrainConfig, mesh) -> None:
             f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
             f"of data x fsdp = {shards} of mesh {c.mesh}"
         )
+
+
+def _named(data: str | tuple[str, ...]) -> str:
+    """A run's ``data`` as a message names it: the folder, or the folders joined with ``+``."""
+    return data if isinstance(data, str) else " + ".join(data)

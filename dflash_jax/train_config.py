@@ -287,7 +287,8 @@ class EvalSettings:
       every: steps between validations (and at the last step).
       val_size: held-out sequences (never trained on).
       val_within_shards: N: draw them from the first N shards only (an earlier stage's split;
-        carry the same N, seed and val_size to every later stage); 0: from all.
+        carry the same N, seed and val_size to every later stage); 0: from all. With several ``data``
+        folders the shards count in the order the folders are named (the first folder's first).
       decode_prompts: held-out prompts decoded for a real tau at each validation (0: none).
       decode_max_new_tokens: tokens decoded per such prompt.
       best_by: what makes ``best/`` (``BEST_BY``): ``loss`` (the objective trained, lowest),
@@ -403,7 +404,7 @@ class TrainConfig:
             bool(folders) and all(isinstance(x, str) and x for x in folders),
             "data must be a dataset folder or a tuple of them (non-empty strings)",
         )
-        _need(len(set(folders)) == len(folders), f"data names a folder twice: {self.data}")
+        _need(len(set(folders)) == len(folders), f"data names a folder twice: {self.data}; name it once")
         _need(_is_int(self.seed), "seed must be an integer")
         mesh = self.mesh
         _need(

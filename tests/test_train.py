@@ -788,47 +788,60 @@ def test_unfinished_dataset_and_small_validation(tiny, tmp_path):
 
 def test_several_data_folders_train_as_one_dataset(tiny, tmp_path):
     """``data`` naming two folders reads them as one dataset, the first's sequences first; the run
-    records each part's identity (a one-folder run's identity is unchanged), and trains; a part left
-    unfinished is refused by name; counts that do not fit the folders, a folder named twice and stored
-    features with several folders are refused in one line each."""
+    records each part's identity (a one-folder run's identity keeps its form), and trains; a part left
+    unfinished is refused by name; one folder named twice (in any spelling) or two holding the same
+    answers, counts that do not fit the folders, and stored features with several folders are refused."""
     ck, folder = tiny
     import shutil
 
-    second = tmp_path / "chats"
-    shutil.copytree(folder, second)
     one = data.TokenDataset(folder)
-    mix = data.open_data([folder, second])
-    assert isinstance(mix, data.DatasetMix) and len(mix) == 2 * len(one)
     n = len(one)
-    for i in (0, n - 1, n, 2 * n - 1):
-        tok, mask = mix[i]
-        want_tok, want_mask = one[i % n]
-        assert np.array_equal(tok, want_tok) and np.array_equal(mask, want_mask)
-    assert np.array_equal(mix.lengths(), np.concatenate([one.lengths(), one.lengths()]))
+    rows = [one[i] for i in range(n)][::-1][: n // 2]  # other answers, in another order
+    second = data.write_dataset(
+        tmp_path / "chats",
+        [t for t, _ in rows],
+        [m for _, m in rows],
+        meta={"tokenizer_sha256": one.meta["tokenizer_sha256"]},
+    )
+    mix = data.open_data([folder, second])
+    assert isinstance(mix, data.DatasetMix) and len(mix) == n + n // 2
+    for i, (tok, mask) in ((0, one[0]), (n - 1, one[n - 1]), (n, rows[0]), (n + n // 2 - 1, rows[-1])):
+        assert np.array_equal(mix[i][0], tok) and np.array_equal(mix[i][1], mask)
+    assert np.array_equal(mix.lengths(), np.concatenate([one.lengths(), [len(t) for t, _ in rows]]))
     assert mix.shard_start(1) == n and mix.locate(n) == (1, 0)
-    assert [p["folder"] for p in mix.identity["parts"]] == [folder.name, "chats"]
-    assert data.open_data([folder]).identity == one.identity == data.open_data(folder).identity
+    assert [p["num_sequences"] for p in mix.identity["parts"]] == [n, n // 2]
+    # a one-folder run records what it always did: these keys, from the shard's own meta.json
+    meta = json.loads((folder / "meta.json").read_text())
+    assert one.identity == {
+        "num_sequences": meta["num_sequences"],
+        "num_tokens": meta["num_tokens"],
+        "shards": [folder.name],
+        "tokenizer_sha256": meta["tokenizer_sha256"],
+        "source": meta.get("source"),
+        "content_sha256": [meta["content_sha256"]],
+    }
+    assert data.open_data([folder]).identity == one.identity == data.open_data(folder, (0,)).identity
 
     out = tmp_path / "r"
     c = tiny_config(ck, folder, out, f"data=('{folder}', '{second}')", "train.steps=2", "eval.every=2")
     assert c.data == (str(folder), str(second)) and c.data_shards == 0
     trainer = Trainer(c, log=lambda *_: None)
-    assert len(trainer.ds) == 2 * n and len(trainer.identity["data"]["parts"]) == 2
+    assert len(trainer.ds) == n + n // 2 and trainer.identity["data"] == mix.identity
     assert np.isfinite(trainer.run()["loss"])
     solo = Trainer(tiny_config(ck, folder, tmp_path / "solo"), log=lambda *_: None)
     assert solo.identity["data"] == one.identity
 
     part = tmp_path / "part"  # a sharded folder whose prepare-data has not finished
-    shutil.copytree(folder, part / "shard_00000")
+    shutil.copytree(second, part / "shard_00000")
     meta = {"format": data.SHARDED_FORMAT, "format_version": 1, "complete": False, "shards": ["shard_00000"]}
-    (part / "meta.json").write_text(json.dumps({**meta, "num_sequences": n}))
+    (part / "meta.json").write_text(json.dumps({**meta, "num_sequences": n // 2}))
     with pytest.raises(data.DataError, match=f"{part} is incomplete"):
         Trainer(tiny_config(ck, folder, tmp_path / "r2", f"data=('{folder}', '{part}')"))
     mixed = Trainer(
         tiny_config(ck, folder, tmp_path / "r3", f"data=('{folder}', '{part}')", "data_shards=(0, 1)"),
         log=lambda *_: None,
     )
-    assert len(mixed.ds) == 2 * n
+    assert len(mixed.ds) == n + n // 2
     for bad, match in (
         ("data_shards=1", "give one count per folder"),
         ("data_shards=(1, 1, 1)", "one integer >= 0 per data folder"),
@@ -838,6 +851,12 @@ def test_several_data_folders_train_as_one_dataset(tiny, tmp_path):
             tiny_config(ck, folder, tmp_path / "r4", f"data=('{folder}', '{part}')", bad)
     with pytest.raises(ConfigError, match="names a folder twice"):
         tiny_config(ck, folder, tmp_path / "r4", f"data=('{folder}', '{folder}')")
+    with pytest.raises(data.DataError, match="names one folder twice"):
+        data.open_data([folder, f"{folder}/"])
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    with pytest.raises(data.DataError, match="hold the same answers"):
+        Trainer(tiny_config(ck, folder, tmp_path / "r5", f"data=('{folder}', '{copy}')"))
 
 
 def test_best_by_a_tau_writes_best_where_that_tau_peaks(tiny, tmp_path, monkeypatch):
