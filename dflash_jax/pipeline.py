@@ -72,6 +72,22 @@ def split_indices(n: int, val_size: int, seed: int = 0, within: int | None = Non
     return np.sort(train), np.sort(perm[:val_size])
 
 
+def repeat_parts(indices: np.ndarray, starts: Sequence[int], repeats: Sequence[int]) -> np.ndarray:
+    """``indices`` (int, sequences of a dataset whose part ``k`` holds sequences ``starts[k] ..
+    starts[k+1] - 1``) with each part's indices written ``repeats[k]`` times, in order: the training
+    indices of an epoch where part ``k`` counts ``repeats[k]`` times (``TrainConfig.data_repeats``).
+    ``starts``: ``len(repeats) + 1`` increasing offsets, the last the dataset's size.
+
+    Raises:
+      ValueError: ``starts`` and ``repeats`` of mismatched lengths, or a repeat below 1.
+    """
+    if len(starts) != len(repeats) + 1 or any(r < 1 for r in repeats):
+        raise ValueError(f"repeat_parts: {len(repeats)} repeats (each >= 1) need {len(repeats) + 1} starts")
+    indices = np.asarray(indices)
+    parts = [indices[(indices >= a) & (indices < b)] for a, b in zip(starts[:-1], starts[1:])]
+    return np.concatenate([np.tile(p, r) for p, r in zip(parts, repeats)])
+
+
 def rows(
     ds: Dataset,
     indices: np.ndarray,

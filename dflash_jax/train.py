@@ -84,6 +84,9 @@ class Trainer:
         self._load_data()
         within = self._validation_range()
         self.train_idx, self.val_idx = pipeline.split_indices(len(self.ds), c.eval.val_size, seed=c.seed, within=within)
+        if isinstance(c.data_repeats, tuple) and any(r != 1 for r in c.data_repeats):
+            starts = np.cumsum([0] + [len(part) for part in self.ds.parts])
+            self.train_idx = pipeline.repeat_parts(self.train_idx, starts, c.data_repeats)
         self.rows = pipeline.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None
         buckets = None

@@ -363,6 +363,9 @@ class TrainConfig:
       seed: seeds the drafter's initialisation, the held-out split, the data order and the anchors.
       data_shards: N: train on the first N shards only (a dataset still being extended); 0: all. With
         several ``data`` folders: 0 (all of each) or a tuple, one count per folder.
+      data_repeats: with several ``data`` folders, how many times each folder's training answers appear
+        in an epoch (a tuple of integers >= 1, one per folder; 1: all once): a small folder of answers in
+        a benchmark's domain keeps its share beside a large one (``pipeline.repeat_parts``).
       init_from: a drafter folder whose weights start a fresh run (its config must match
         ``drafter``; what fills its blocks may differ: a copy bias it lacks, or the rows of matches
         longer than its ``ngram_max``, start at ``drafter.copy_bias``); '': random initialisation.
@@ -385,6 +388,7 @@ class TrainConfig:
     out_dir: str
     seed: int = 0
     data_shards: int | tuple[int, ...] = 0
+    data_repeats: int | tuple[int, ...] = 1
     init_from: str = ""
     init_grow: bool = False
     mesh: tuple[int, ...] = (1, 1, 1)
@@ -394,7 +398,7 @@ class TrainConfig:
     ckpt: CkptSettings
 
     def __post_init__(self) -> None:
-        for key in ("mesh", "data", "data_shards"):
+        for key in ("mesh", "data", "data_shards", "data_repeats"):
             _as_tuple(self, key)
         for key in ("target", "out_dir"):
             value = getattr(self, key)
@@ -424,6 +428,14 @@ class TrainConfig:
                 f"data_shards={shards} with {len(folders)} data folders: give one count per folder "
                 f"(e.g. {(shards,) + (0,) * (len(folders) - 1)}; 0 = all) or 0",
             )
+        repeats = self.data_repeats
+        if isinstance(repeats, tuple):
+            _need(
+                len(repeats) == len(folders) and all(_is_int(x) and x >= 1 for x in repeats),
+                f"data_repeats must be one integer >= 1 per data folder ({len(folders)}), got {repeats}",
+            )
+        else:
+            _need(repeats == 1 and _is_int(repeats), "data_repeats must be 1 or a tuple, one integer >= 1 per folder")
         _need(isinstance(self.init_from, str), "init_from must be a drafter folder path or ''")
         _need(isinstance(self.init_grow, bool), "init_grow must be True or False")
         _need(not self.init_grow or self.init_from, "init_grow=True needs init_from (the drafter to grow)")
@@ -534,7 +546,7 @@ def _with_defaults(raw: dict, path: Path) -> dict:
     return fill(TrainConfig, raw, "")
 
 
-_ONE_OR_SEVERAL = ("data", "data_shards")  # top-level fields taking one value or a tuple of them
+_ONE_OR_SEVERAL = ("data", "data_shards", "data_repeats")  # top-level fields taking one value or a tuple of them
 
 
 def _override(values: dict, item: str) -> None:
@@ -567,7 +579,7 @@ def _override(values: dict, item: str) -> None:
         value = float(value)
     several = len(parts) == 1 and name in _ONE_OR_SEVERAL
     if several and isinstance(value, (tuple, list)):
-        value = tuple(value)  # a field that takes one value or a tuple of them (``data``, ``data_shards``)
+        value = tuple(value)  # a field that takes one value or a tuple of them (``_ONE_OR_SEVERAL``)
     elif several and isinstance(old, tuple) and isinstance(value, (str, int)):
         pass
     elif isinstance(old, (tuple, list)) and isinstance(value, (tuple, list)):
@@ -684,6 +696,8 @@ def run_identity(
         identity["init_from"] = str(Path(c.init_from).resolve())
     if c.init_grow:  # absent when False: older runs keep their ids
         identity["init_grow"] = True
+    if isinstance(c.data_repeats, tuple) and any(r != 1 for r in c.data_repeats):  # absent at 1: older ids kept
+        identity["data_repeats"] = list(c.data_repeats)
     return identity
 
 

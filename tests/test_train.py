@@ -823,13 +823,22 @@ def test_several_data_folders_train_as_one_dataset(tiny, tmp_path):
     assert data.open_data([folder]).identity == one.identity == data.open_data(folder, (0,)).identity
 
     out = tmp_path / "r"
-    c = tiny_config(ck, folder, out, f"data=('{folder}', '{second}')", "train.steps=2", "eval.every=2")
+    c_args = (f"data=('{folder}', '{second}')", "train.steps=2", "eval.every=2")
+    c = tiny_config(ck, folder, out, *c_args)
     assert c.data == (str(folder), str(second)) and c.data_shards == 0
     trainer = Trainer(c, log=lambda *_: None)
     assert len(trainer.ds) == n + n // 2 and trainer.identity["data"] == mix.identity
     assert np.isfinite(trainer.run()["loss"])
     solo = Trainer(tiny_config(ck, folder, tmp_path / "solo"), log=lambda *_: None)
-    assert solo.identity["data"] == one.identity
+    assert solo.identity["data"] == one.identity and "data_repeats" not in solo.identity
+    # data_repeats: the second folder's training answers three times an epoch, the held-out ones untouched
+    weighted = Trainer(tiny_config(ck, folder, tmp_path / "w", *c_args, "data_repeats=(1, 3)"), log=lambda *_: None)
+    assert np.array_equal(weighted.val_idx, trainer.val_idx) and weighted.identity["data_repeats"] == [1, 3]
+    first, later = trainer.train_idx[trainer.train_idx < n], trainer.train_idx[trainer.train_idx >= n]
+    assert np.array_equal(np.sort(weighted.train_idx), np.sort(np.concatenate([first, later, later, later])))
+    assert weighted.run_id != trainer.run_id
+    ones = tiny_config(ck, folder, tmp_path / "w1", *c_args, "data_repeats=(1, 1)")
+    assert Trainer(ones, log=lambda *_: None).run_id == trainer.run_id  # all 1: the same run
 
     part = tmp_path / "part"  # a sharded folder whose prepare-data has not finished
     shutil.copytree(second, part / "shard_00000")
@@ -846,6 +855,8 @@ def test_several_data_folders_train_as_one_dataset(tiny, tmp_path):
         ("data_shards=1", "give one count per folder"),
         ("data_shards=(1, 1, 1)", "one integer >= 0 per data folder"),
         ("train.stored_features=True", "stored features; name one folder"),
+        ("data_repeats=(1, 0)", "one integer >= 1 per data folder"),
+        ("data_repeats=2", "data_repeats must be 1 or a tuple"),
     ):
         with pytest.raises(ConfigError, match=match):
             tiny_config(ck, folder, tmp_path / "r4", f"data=('{folder}', '{part}')", bad)
