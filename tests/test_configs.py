@@ -34,8 +34,8 @@ def test_a_study_or_shipped_config_states_every_field_itself(path):
 def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
     """configs/smollm2_135m_shipped.py equals the shipped drafter's recorded train_config.json but for
     its out_dir and its init_from (stage 7's drafter: the run read its float32 folder under runs/, the
-    recipe its bfloat16 copy kept in the repository), and any train field (``NEWER_TRAIN_FIELDS``) or
-    drafter field added after the run, at its default."""
+    recipe its bfloat16 copy kept in the repository), and any train field (``NEWER_TRAIN_FIELDS``),
+    drafter field or top-level field added after the run, at its default."""
     c = json.loads(json.dumps(load_config(ROOT / "configs" / "smollm2_135m_shipped.py").to_dict(), default=list))
     shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
     ran = json.loads((shipped / "train_config.json").read_text())
@@ -53,6 +53,10 @@ def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
 
     for key in set(c["drafter"]) - set(ran["drafter"]):  # drafter fields added after the run, at their defaults
         assert c["drafter"].pop(key) == DrafterSpec.__dataclass_fields__[key].default, key
+    from dflash_jax.train_config import TrainConfig
+
+    for key in set(c) - set(ran):  # top-level fields added after the run (data_repeats), at their defaults
+        assert c.pop(key) == TrainConfig.__dataclass_fields__[key].default, key
     assert c == ran
     # what the recipe and the stages before it start from are kept in the repository
     for stage in ("long1024", "stage6", "stage5"):
