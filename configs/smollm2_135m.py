@@ -13,6 +13,7 @@ def get_config() -> ConfigDict:
     c.target = "smollm2-135m-instruct"  # a converted checkpoint folder or a known name
     c.data = "data/smollm2"  # token dataset folder (dflash-jax prepare-data), or a tuple of them read as one
     c.data_shards = 0  # 0: all shards (prepare-data must have finished); N: only the first N; a tuple: per folder
+    c.data_repeats = 1  # several folders: a tuple, how many times each folder's answers appear in an epoch
     c.out_dir = "runs/smollm2_135m"
     c.seed = 0
     c.init_from = ""  # a drafter folder whose weights start a fresh run (its config must match drafter.*)
