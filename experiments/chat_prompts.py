@@ -19,13 +19,9 @@ Each row is ``{"prompt": ..., "kind": ...}``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
-from pathlib import Path
 
-from math_prompts import benchmark_texts, overlaps
+from math_prompts import cli, make_rows
 
 TOPICS = (
     "a week of hiking in the Scottish Highlands",
@@ -297,55 +293,11 @@ KINDS = {"writing": writing, "planning": planning, "roleplay": roleplay, "reason
 
 def make(count: int, seed: int) -> list[dict]:
     """``count`` distinct prompts, the kinds in turn, each a random template of its kind."""
-    r, rows, seen = random.Random(seed), [], set()
-    names = list(KINDS)
-    while len(rows) < count:
-        kind = names[len(rows) % len(names)]
-        for _ in range(10_000):
-            p = KINDS[kind](r)
-            if p not in seen:
-                break
-        else:
-            raise SystemExit(
-                f"error: the {kind} templates make fewer than {count // len(names) + 1} prompts; ask fewer"
-            )
-        seen.add(p)
-        rows.append({"prompt": p, "kind": kind})
-    return rows
+    return make_rows(KINDS, count, seed, "prompt", "kind")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--count", type=int, default=2048, help="prompts (default 2048)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="JSONL file to write")
-    ap.add_argument(
-        "--check",
-        action="store_true",
-        help="refuse to write if a template reads as an MT-Bench turn or a MATH-500 problem (../shared/data/eval; "
-        "math_prompts.overlaps)",
-    )
-    args = ap.parse_args()
-    if args.count < 1:
-        raise SystemExit("error: --count must be >= 1")
-    rows = make(args.count, args.seed)
-    if args.check:
-        shared = Path(__file__).resolve().parents[2] / "shared/data/eval"
-        if not shared.is_dir():
-            raise SystemExit(f"error: --check needs {shared}")
-        hits = overlaps(rows, "prompt", benchmark_texts(shared))
-        if hits:
-            raise SystemExit(
-                f"error: {len(hits)} templates read as an MT-Bench turn or a MATH-500 problem, e.g. {hits[0][0]!r} "
-                f"and {hits[0][1][:120]!r}; reword them"
-            )
-        print("checked: no template reads as an MT-Bench turn or a MATH-500 problem")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    os.replace(tmp, out)
-    print(f"{out}: {len(rows)} prompts")
+    cli(__doc__, make, "prompt", "kind", len(KINDS), "an MT-Bench turn or a MATH-500 problem")
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ import argparse
 import difflib
 import json
 import math
-import os
 import random
 import re
 from pathlib import Path
+
+from dflash_jax.utils import atomic_write_text
 
 
 def _frac(r: random.Random) -> tuple[int, int]:
@@ -262,21 +263,33 @@ SUBJECTS = {
 }
 
 
-def make(count: int, seed: int) -> list[dict]:
-    """``count`` distinct prompts, the subjects in turn, each a random template of its subject."""
+def make_rows(makers: dict, count: int, seed: int, key: str, label: str) -> list[dict]:
+    """``count`` distinct prompts ``{key: prompt, label: name}``, the ``makers`` (name -> template
+    function of a ``random.Random``) in turn, each a random template of its maker, seeded.
+
+    Raises:
+      SystemExit: a maker's templates cannot fill its share.
+    """
     r, rows, seen = random.Random(seed), [], set()
-    names = list(SUBJECTS)
+    names = list(makers)
     while len(rows) < count:
-        subject = names[len(rows) % len(names)]
+        name = names[len(rows) % len(names)]
         for _ in range(10_000):
-            q = SUBJECTS[subject](r)
+            q = makers[name](r)
             if q not in seen:
                 break
         else:
-            raise SystemExit(f"error: the {subject} templates make fewer than {-(-count // len(names))} prompts")
+            raise SystemExit(
+                f"error: the {name} templates make fewer than {-(-count // len(names))} prompts; ask fewer"
+            )
         seen.add(q)
-        rows.append({"question": q, "subject": subject})
+        rows.append({key: q, label: name})
     return rows
+
+
+def make(count: int, seed: int) -> list[dict]:
+    """``count`` distinct prompts, the subjects in turn, each a random template of its subject."""
+    return make_rows(SUBJECTS, count, seed, "question", "subject")
 
 
 # instructions any textbook gives, left out of the comparison
@@ -330,16 +343,18 @@ def benchmark_texts(shared: Path) -> list[str]:
     return texts
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+def cli(doc: str, make, key: str, label: str, groups: int, reads_as: str) -> None:
+    """The command line both prompt generators share: ``--count``, ``--seed``, ``--out`` (a JSONL file,
+    written atomically) and ``--check`` (``overlaps`` against ``../shared/data/eval``; ``reads_as`` names
+    what a refused template reads as)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--count", type=int, default=2048, help="prompts (default 2048)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSONL file to write")
     ap.add_argument(
         "--check",
         action="store_true",
-        help="refuse to write if a template reads as a MATH-500 problem or MT-Bench turn with other numbers "
-        "(../shared/data/eval; ``overlaps``)",
+        help=f"refuse to write if a template reads as {reads_as} (../shared/data/eval; math_prompts.overlaps)",
     )
     args = ap.parse_args()
     if args.count < 1:
@@ -349,19 +364,19 @@ def main() -> None:
         shared = Path(__file__).resolve().parents[2] / "shared/data/eval"
         if not shared.is_dir():
             raise SystemExit(f"error: --check needs {shared}")
-        hits = overlaps(rows, "question", benchmark_texts(shared))
+        hits = overlaps(rows, key, benchmark_texts(shared))
         if hits:
             raise SystemExit(
-                f"error: {len(hits)} templates read as a MATH-500 or MT-Bench problem with other numbers, e.g. "
-                f"{hits[0][0]!r} and {hits[0][1][:120]!r}; reword them"
+                f"error: {len(hits)} templates read as {reads_as}, e.g. {hits[0][0]!r} and {hits[0][1][:120]!r}; "
+                "reword them"
             )
-        print("checked: no template reads as a MATH-500 or MT-Bench problem with other numbers")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in rows))
-    os.replace(tmp, out)
-    print(f"{out}: {len(rows)} prompts, {math.ceil(len(rows) / len(SUBJECTS))} or fewer a subject")
+        print(f"checked: no template reads as {reads_as}")
+    atomic_write_text(args.out, "".join(json.dumps(x) + "\n" for x in rows))
+    print(f"{args.out}: {len(rows)} prompts, {math.ceil(len(rows) / groups)} or fewer a {label}")
+
+
+def main() -> None:
+    cli(__doc__, make, "question", "subject", len(SUBJECTS), "a MATH-500 problem or MT-Bench turn with other numbers")
 
 
 if __name__ == "__main__":
