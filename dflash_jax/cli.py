@@ -933,8 +933,8 @@ def cmd_prepare_features(args) -> None:
     if args.batch_size < 1:
         sys.exit("error: --batch-size must be >= 1")
     c = load_config(args.config, args.overrides)
-    if not isinstance(c.data, str) and len(c.data) > 1:
-        sys.exit(f"error: prepare-features makes one folder's features; {args.config} names {len(c.data)} data folders")
+    if len(c.folders) > 1:
+        sys.exit(f"error: prepare-features makes one folder's features; {args.config} names {len(c.folders)} folders")
     enable_compilation_cache()
     ck = checkpoint.load_target(c.target, dtype=c.train.compute_dtype)
     dcfg = drafter_config(c, ck.cfg, ck.tokenizer())

@@ -84,9 +84,9 @@ class Trainer:
         self._load_data()
         within = self._validation_range()
         self.train_idx, self.val_idx = pipeline.split_indices(len(self.ds), c.eval.val_size, seed=c.seed, within=within)
-        if isinstance(c.data_repeats, tuple) and any(r != 1 for r in c.data_repeats):
+        if c.repeats:
             starts = np.cumsum([0] + [len(part) for part in self.ds.parts])
-            self.train_idx = pipeline.repeat_parts(self.train_idx, starts, c.data_repeats)
+            self.train_idx = pipeline.repeat_parts(self.train_idx, starts, c.repeats)
         self.rows = pipeline.rows(self.ds, self.train_idx, max_len=t.max_len, seed=c.seed, features=self.features)
         self.batches = None
         buckets = None
@@ -153,8 +153,8 @@ class Trainer:
                 raise DataError(f"{part.folder} was tokenised with another tokenizer than the target {c.target}'s")
         if len(self.ds) <= c.eval.val_size:
             raise DataError(
-                f"{_named(c.data)} has {len(self.ds)} sequences, too few for eval.val_size={c.eval.val_size} plus "
-                "training"
+                f"{' + '.join(c.folders)} has {len(self.ds)} sequences, too few for "
+                f"eval.val_size={c.eval.val_size} plus training"
             )
         self.ds.check_vocab(self.tcfg.vocab_size)
         self.features = None  # stored target features (train.stored_features): the step skips the target forward
@@ -177,7 +177,7 @@ class Trainer:
         if k > len(self.ds.shards):
             raise ConfigError(
                 f"eval.val_within_shards={k} but this run reads {len(self.ds.shards)} shard(s) of "
-                f"{_named(c.data)}; ask for at most that many (0 = all)"
+                f"{' + '.join(c.folders)}; ask for at most that many (0 = all)"
             )
         within = self.ds.shard_start(k)
         if c.eval.val_size >= within:
@@ -537,7 +537,3 @@ def _check_batch_layout(c: TrainConfig, mesh) -> None:
             f"of data x fsdp = {shards} of mesh {c.mesh}"
         )
 
-
-def _named(data: str | tuple[str, ...]) -> str:
-    """A run's ``data`` as a message names it: the folder, or the folders joined with ``+``."""
-    return data if isinstance(data, str) else " + ".join(data)

@@ -403,7 +403,7 @@ class TrainConfig:
         for key in ("target", "out_dir"):
             value = getattr(self, key)
             _need(isinstance(value, str) and value, f"{key} must be a non-empty string")
-        folders = self.data if isinstance(self.data, tuple) else (self.data,)
+        folders = self.folders
         _need(
             bool(folders) and all(isinstance(x, str) and x for x in folders),
             "data must be a dataset folder or a tuple of them (non-empty strings)",
@@ -460,6 +460,17 @@ class TrainConfig:
             "train.stored_features reads one data folder's stored features; name one folder in data, "
             "or set train.stored_features=False",
         )
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """``data`` as a tuple of folders, one or several."""
+        return self.data if isinstance(self.data, tuple) else (self.data,)
+
+    @property
+    def repeats(self) -> tuple[int, ...] | None:
+        """``data_repeats`` where it repeats a folder's answers; None where every folder counts once."""
+        r = self.data_repeats
+        return r if isinstance(r, tuple) and any(x != 1 for x in r) else None
 
     def to_dict(self) -> dict:
         """The config as nested plain dicts (tuples stay tuples): what ``config.json`` holds."""
@@ -696,8 +707,8 @@ def run_identity(
         identity["init_from"] = str(Path(c.init_from).resolve())
     if c.init_grow:  # absent when False: older runs keep their ids
         identity["init_grow"] = True
-    if isinstance(c.data_repeats, tuple) and any(r != 1 for r in c.data_repeats):  # absent at 1: older ids kept
-        identity["data_repeats"] = list(c.data_repeats)
+    if c.repeats:  # absent at 1: older runs keep their ids
+        identity["data_repeats"] = list(c.repeats)
     return identity
 
 
