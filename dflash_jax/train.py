@@ -536,4 +536,3 @@ def _check_batch_layout(c: TrainConfig, mesh) -> None:
             f"the micro-batch (train.batch_size / train.grad_accum = {micro}) must be a multiple "
             f"of data x fsdp = {shards} of mesh {c.mesh}"
         )
-
