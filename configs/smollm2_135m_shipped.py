@@ -4,74 +4,74 @@ what ``--drafter auto`` picks for the embedded target), as one file.
 It reproduces the shipped drafter's last training stage, stage 10 (issue 38's long run: 1024 steps, about 1.6 h on 2
 CPU cores; ``experiments/smollm2/smollm2_135m_stage10.py`` but for ``out_dir``), kept as trained in
 ``assets/smollm2-135m-instruct-dflash-stage10``. It continues stage 8 (``assets/smollm2-135m-instruct-dflash-stage8``,
-the drafter shipped before it; its recipe is in its README) on all the answers made: 93 shards of
-``data/smollm2-mix``, 8 of ``data/smollm2-math`` and 10 of ``data/smollm2-chats`` (the target's own answers to
-templated competition mathematics and to open-ended chat prompts, ``experiments/math_prompts.py`` and
-``experiments/chat_prompts.py``), the two domain folders repeated twice. The package reads it with a longer reach
-(``experiments/longer_reach.py``, the last command below, no training): prompt-lookup matches of up to 16 tokens
-with periodic continuations, as it read stage 8. Its tau at block 16 on 40 answers a set is above stage 8's on all
-five sets (docs/BENCHMARKS.md, "Stage 10, shipped").
+the drafter shipped before it; its recipe as one file: ``experiments/smollm2/smollm2_135m_stage8.py``) on all the
+answers made: 93 shards of ``data/smollm2-mix``, 8 of ``data/smollm2-math`` and 10 of ``data/smollm2-chats`` (the
+target's own answers to templated competition mathematics and to open-ended chat prompts,
+``experiments/math_prompts.py`` and ``experiments/chat_prompts.py``), the two domain folders repeated twice. The
+package reads it with a longer reach (``experiments/longer_reach.py``, no training): prompt-lookup matches of up to
+16 tokens with periodic continuations, as it read stage 8. Its tau at block 16 on 40 answers a set is above stage
+8's on all five sets (docs/BENCHMARKS.md, "Stage 10, shipped").
 
     .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py   # resumable
-    .venv/bin/dflash-jax ship-drafter runs/smollm2_shipped --out assets/smollm2-135m-instruct-dflash-stage10 \\
+    .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --out assets/smollm2-135m-instruct-dflash-stage10 \\
         --which drafter --continues assets/smollm2-135m-instruct-dflash-stage8 --hardware '2 CPU cores'
     cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage10/
     .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage10 \\
         dflash_jax/assets/smollm2-135m-instruct-dflash --ngram-max 16 --periodic --tree-temperature 1.5 \\
         --dtype bfloat16 --with-record --overwrite
+    cp assets/smollm2-135m-instruct-dflash-stage10/draft_vocab.json dflash_jax/assets/smollm2-135m-instruct-dflash/
 """
 
 from ml_collections import ConfigDict
 
 
 def get_config() -> ConfigDict:
-    # Every field is stated here (no base config; configs/smollm2_135m.py describes each one). Comments give
-    # stage 9d's value where it differs (the pilots read 24 shards of the mix and 8 of their domain's);
-    # configs/smollm2_135m_shipped.py gives the from-scratch values.
+    # Every field is stated here (no base config). Where a field differs from the from-scratch CPU recipe
+    # configs/smollm2_135m.py (which describes each one), a comment gives that file's value.
     c = ConfigDict()
     c.target = "smollm2-135m-instruct"
-    c.data = ("data/smollm2-mix", "data/smollm2-math", "data/smollm2-chats")  # stage 9d: the mix alone
-    c.data_shards = (93, 8, 10)  # stage 9d: 78 of the mix
-    c.data_repeats = (1, 2, 2)  # mathematics and chats: about 12% and 16% of the answers drawn
-    c.out_dir = "runs/smollm2_shipped"
-    c.seed = 6  # stage 9d: 5
-    c.init_from = "assets/smollm2-135m-instruct-dflash-stage8"
+    c.data = ("data/smollm2-mix", "data/smollm2-math", "data/smollm2-chats")  # smollm2_135m.py: "data/smollm2"
+    c.data_shards = (93, 8, 10)  # smollm2_135m.py: 0
+    c.data_repeats = (1, 2, 2)  # smollm2_135m.py: 1
+    c.out_dir = "runs/smollm2_135m_shipped"  # smollm2_135m.py: "runs/smollm2_135m"
+    c.seed = 6  # smollm2_135m.py: 0
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage8"  # smollm2_135m.py: ""
     c.init_grow = False
     c.mesh = (1, 1, 1)
 
     c.drafter = ConfigDict()
-    c.drafter.num_layers = 2
+    c.drafter.num_layers = 2  # smollm2_135m.py: 1
     c.drafter.block_size = 16
     c.drafter.mask_token_id = None
-    c.drafter.target_layer_ids = (1, 14, 27)
+    c.drafter.target_layer_ids = (1, 14, 27)  # smollm2_135m.py: ()
     c.drafter.layer_types = ()
     c.drafter.sliding_window = None
-    c.drafter.block_input = "ngram"
+    c.drafter.block_input = "ngram"  # smollm2_135m.py: "mask"
     c.drafter.ngram_max = 4
-    c.drafter.ngram_min = 2
-    c.drafter.copy_bias = 30.0
-    c.drafter.conv_kernel_size = 2
+    c.drafter.ngram_min = 2  # smollm2_135m.py: 1
+    c.drafter.copy_bias = 30.0  # smollm2_135m.py: None
+    c.drafter.conv_kernel_size = 2  # smollm2_135m.py: 0
     c.drafter.conv_group_size = 16
-    c.drafter.selector_rank = 64
+    c.drafter.selector_rank = 64  # smollm2_135m.py: 0
     c.drafter.selector_top_k = 16
 
     c.train = ConfigDict()
-    c.train.steps = 1024  # stage 9d: 384
-    c.train.batch_size = 4
+    c.train.steps = 1024  # smollm2_135m.py: 2000
+    c.train.batch_size = 4  # smollm2_135m.py: 8
     c.train.grad_accum = 1
-    c.train.max_len = 384
+    c.train.max_len = 384  # smollm2_135m.py: 512
     c.train.num_anchors = 64
-    c.train.anchor_chunk = 8
-    c.train.remat = False
+    c.train.anchor_chunk = 8  # smollm2_135m.py: 16
+    c.train.remat = False  # smollm2_135m.py: True
     c.train.stored_features = False
     c.train.gamma = 7.0
-    c.train.loss_offsets = 8
+    c.train.loss_offsets = 8  # smollm2_135m.py: 0
     c.train.length_buckets = ()
-    c.train.lr = 0.0005
-    c.train.copy_bias_lr = 0.03
+    c.train.lr = 0.0005  # smollm2_135m.py: 0.0006
+    c.train.copy_bias_lr = 0.03  # smollm2_135m.py: 0.0
     c.train.objective = "ce"
     c.train.tv_weight = 0.5
-    c.train.position_weights = "reach"
+    c.train.position_weights = "reach"  # smollm2_135m.py: "decay"
     c.train.selector_alpha = 1.0
     c.train.selector_stop_grad = False
     c.train.selector_objective = "ce"
@@ -83,14 +83,14 @@ def get_config() -> ConfigDict:
     c.train.compute_dtype = "float32"
 
     c.eval = ConfigDict()
-    c.eval.every = 128
+    c.eval.every = 128  # smollm2_135m.py: 200
     c.eval.val_size = 32
-    c.eval.val_within_shards = 2
+    c.eval.val_within_shards = 2  # smollm2_135m.py: 0
     c.eval.decode_prompts = 4
-    c.eval.decode_max_new_tokens = 256
+    c.eval.decode_max_new_tokens = 256  # smollm2_135m.py: 64
     c.eval.best_by = "loss"
 
     c.ckpt = ConfigDict()
-    c.ckpt.every = 32
+    c.ckpt.every = 32  # smollm2_135m.py: 100
     c.ckpt.keep = 3
     return c

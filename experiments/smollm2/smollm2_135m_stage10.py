@@ -7,12 +7,17 @@ quarter and GSM8K fell 1-2%; here GSM8K keeps 27%, where 9d had 37% and the pilo
 answers drawn, fewer than one pass: the repeats set the shares without reading an answer twice on average).
 
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_stage10.py   # resumable
-    .venv/bin/python experiments/longer_reach.py runs/long38_s10/drafter runs/long38_s10/reach --ngram-max 16 \\
-        --periodic
-    cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json runs/long38_s10/reach/
+    .venv/bin/dflash-jax ship-drafter runs/long38_s10 --out assets/smollm2-135m-instruct-dflash-stage10 \\
+        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage8 --hardware '2 CPU cores'
+    cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage10/
+    .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage10 /work/tmp/s10_pkg \\
+        --ngram-max 16 --periodic --tree-temperature 1.5 --dtype bfloat16 --with-record
+    cp assets/smollm2-135m-instruct-dflash-stage10/draft_vocab.json /work/tmp/s10_pkg/
     .venv/bin/python experiments/study_tau.py --records docs/bench/tree/tree40.records.jsonl --per-set 40 \\
-        --blocks 16 --ngram off --draft-vocab 8192 --drafter s10=runs/long38_s10/reach \\
+        --blocks 16 --ngram off --draft-vocab 8192 --drafter s10=/work/tmp/s10_pkg \\
         --out docs/bench/issue38/stage10_tau40.jsonl
+
+(read in bfloat16, as the package holds it; it was shipped: ``configs/smollm2_135m_shipped.py`` is this run.)
 
 Ship only if its tau at block 16 beats the shipped drafter's on every set (3.56 / 3.47 / 2.97 / 2.38 / 2.34 on
 ``experiments/study_tau.py``'s 40 answers a set).

@@ -1,6 +1,6 @@
 """Stage 9d of issue 38's long run for SmolLM2: stage 8 continued in the reach it was trained with (matches of
 2-4 tokens, no periodic continuation, its copy-bias table learning at 0.03), then read with the longer reach as
-the shipped drafter is (``experiments/longer_reach.py``). Stage 8's recipe (``configs/smollm2_135m_shipped.py``)
+the shipped drafter is (``experiments/longer_reach.py``). Stage 8's recipe (``smollm2_135m_stage8.py``)
 with these changes: it starts from stage 8 as kept (``assets/smollm2-135m-instruct-dflash-stage8``, bfloat16), 78
 shards (11 new to it), 384 steps, seed 5, the validation every 128 steps (``train.steps=1
 out_dir=runs/long38_s9d_val0`` gives stage 8's own on the same held-out answers, step 1's learning rate being 0).
