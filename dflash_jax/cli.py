@@ -613,6 +613,19 @@ def _add_tool_parsers(sub) -> None:
     s.add_argument(
         "--hardware", default="", metavar="TEXT", help="what it trained on, for the README (e.g. '2 CPU cores')"
     )
+    s.add_argument(
+        "--average-with",
+        metavar="DIR",
+        help="average the run's weights with this drafter's (same configuration, e.g. the shipped one it continued), "
+        "tensor by tensor: checkpoint averaging",
+    )
+    s.add_argument(
+        "--average-weight",
+        type=float,
+        default=0.5,
+        metavar="W",
+        help="the run's share of the average, in (0, 1] (default 0.5: the plain mean)",
+    )
     s.add_argument("--overwrite", action="store_true", help="replace --out if ship-drafter wrote it (or it is empty)")
 
     b = sub.add_parser(
@@ -1194,6 +1207,8 @@ def cmd_ship_drafter(args) -> None:
         draft_vocab_size=args.draft_vocab_size,
         target_name=args.target_name,
         hardware=args.hardware,
+        average_with=args.average_with,
+        average_weight=args.average_weight,
         overwrite=args.overwrite,
     )
     log(f"wrote {args.out}: {json.dumps({k: v for k, v in info.items() if k != 'val'})}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from dflash_jax import bench
 from dflash_jax.drafter_io import export_released, load_drafter, write_draft_vocab
-from dflash_jax.errors import BenchError, CheckpointError, DataError
+from dflash_jax.errors import BenchError, CheckpointError, ConfigError, DataError
 from dflash_jax.prompts import DATASETS
 from dflash_jax.utils import atomic_folder, log, read_jsonl
 
@@ -249,6 +249,38 @@ def run_summary(rows: list[dict]) -> dict:
     return out
 
 
+def _averaged(params, cfg, other: Path, weight: float):
+    """``weight * params + (1 - weight) * other's``, leaf by leaf in float32 (``ship_drafter``'s ``average_with``).
+
+    Raises:
+      CheckpointError: ``other`` is not a drafter, or its configuration differs from ``cfg`` (the fields named).
+      ConfigError: ``weight`` outside (0, 1].
+    """
+    import dataclasses
+
+    import jax
+
+    if not 0.0 < weight <= 1.0:
+        raise ConfigError(f"average weight {weight}: give the run's share in (0, 1] (0.5: the plain mean)")
+    theirs, their_cfg, _ = load_drafter(other)
+    # the reading-time fields (how far the block input reaches, tree scores) may differ: the weights are the same shape
+    reading = {"ngram_max", "ngram_periodic", "tree_temperature", "dtype"}
+    a, b = dataclasses.asdict(cfg), dataclasses.asdict(their_cfg)
+    differ = sorted(k for k in a if k not in reading and a[k] != b.get(k))
+    if differ:
+        raise CheckpointError(
+            f"{other} is a drafter of another configuration ({', '.join(differ)} differ); average only two "
+            "drafters of one training path"
+        )
+    if jax.tree.structure(params) != jax.tree.structure(theirs) or any(
+        np.shape(x) != np.shape(y) for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(theirs))
+    ):
+        raise CheckpointError(f"{other}: its tensors differ in shape from the run's; average two drafters of one path")
+    return jax.tree.map(
+        lambda x, y: weight * np.asarray(x, np.float32) + (1.0 - weight) * np.asarray(y, np.float32), params, theirs
+    )
+
+
 def _earlier_stages(earlier: Sequence[str | Path], continues: str | Path | None) -> tuple[list[dict], str]:
     """The stages a run continued (oldest first) and the reproduction commands of the shipped folder the
     first of them continued (``""`` if none)."""
@@ -304,6 +336,8 @@ def ship_drafter(
     draft_vocab_size: int = 8192,
     target_name: str = "",
     hardware: str = "",
+    average_with: str | Path | None = None,
+    average_weight: float = 0.5,
     overwrite: bool = False,
 ) -> dict:
     """Write the drafter of training run ``run`` (its ``which``: ``best`` or ``drafter``, the final one)
@@ -313,12 +347,18 @@ def ship_drafter(
     the shipped folder ``continues``, with total steps and hours), ``loss.png`` (``plot_run``),
     optionally ``draft_vocab.json`` (``count_draft_vocab`` on the ``prepare-data`` folder ``draft_vocab``)
     and ``README.md`` (how it was made: ``data_command``, ``command``, and the shipped folder's own
-    commands before them). Atomic: ``out`` appears (or replaces an earlier shipped folder, with
-    ``overwrite``) only once complete. Returns the summary.
+    commands before them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped
+    one the run continued); the weights written are then ``average_weight`` times the run's plus ``1 -
+    average_weight`` times that drafter's, tensor by tensor in float32 (checkpoint averaging, as model soups
+    and LAWA: two points of one training path, whose mean is often better than either), recorded in the
+    summary (``averaged_with``) and the README. Atomic: ``out`` appears (or replaces an earlier shipped
+    folder, with ``overwrite``) only once complete. Returns the summary.
 
     Raises:
       CheckpointError: ``run`` has no such drafter or no metrics, an earlier stage is not a run folder,
-        ``continues`` is not a shipped folder, or ``out`` may not be written.
+        ``continues`` is not a shipped folder, ``average_with`` is not a drafter of the same configuration,
+        or ``out`` may not be written.
+      ConfigError: ``average_weight`` is outside (0, 1].
       DataError: ``draft_vocab`` holds no shards.
     """
     if which not in ("best", "drafter"):
@@ -330,6 +370,9 @@ def ship_drafter(
     rows = read_metrics(run)
     info = run_summary(rows)
     info["shipped"] = which
+    if average_with is not None:
+        params = _averaged(params, cfg, Path(average_with), average_weight)
+        info["averaged_with"] = {"drafter": str(average_with), "weight_of_this_run": average_weight}
     stages, before_commands = _earlier_stages(earlier_stages, continues)
     if stages:
         info["earlier_stages"] = stages
@@ -340,6 +383,8 @@ def ship_drafter(
     else:
         last_val = info.get("val", [{}])[-1]
         shipped_at = f"step {info['steps']}, last validation loss {last_val.get('val_loss')}"
+    if average_with is not None:
+        shipped_at += f"; its weights times {average_weight} plus {average_with}'s times {1 - average_weight:g}"
     run_config = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else {}
     default_name = Path(str(run_config.get("target", "its target"))).name  # a known name, or a checkpoint folder's
     target_name = target_name or default_name
@@ -387,6 +432,7 @@ def ship_drafter(
             + "".join(f" --earlier-stage {q(x)}" for x in earlier_stages)
             + (f" --target-name {q(target_name)}" if target_name != default_name else "")
             + (f" --hardware {q(hardware)}" if hardware else "")
+            + (f" --average-with {q(average_with)} --average-weight {average_weight:g}" if average_with else "")
         )
         (tmp / "README.md").write_text(
             f"# {kind} drafter for {target_name}\n\n"

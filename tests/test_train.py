@@ -426,6 +426,32 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert readme_c.index("TRAIN-COMMAND") < readme_c.index("NEXT") and f"--continues {a}" in readme_c
     with pytest.raises(SystemExit, match="^error: .*give a folder made by dflash-jax ship-drafter"):
         main(ship[:3] + [str(tmp_path / "d"), "--continues", str(out)])
+    # checkpoint averaging: the run's weights times W plus another drafter's of the same configuration
+    from dflash_jax.drafter_io import export_released
+
+    halves = jax.tree.map(lambda x: np.full(np.shape(x), 0.5, np.float32), best)
+    export_released(halves, trainer.dcfg, tmp_path / "halves")
+    main(ship[:3] + [str(tmp_path / "avg"), "--average-with", str(tmp_path / "halves"), "--average-weight", "0.25"])
+    averaged, _, _ = load_drafter(tmp_path / "avg")
+    for x, y in zip(jax.tree.leaves(averaged), jax.tree.leaves(best)):
+        want = 0.25 * np.asarray(y, np.float32) + 0.375
+        np.testing.assert_allclose(np.asarray(x, np.float32), want, rtol=1e-2, atol=1e-2)
+    assert json.loads((tmp_path / "avg" / "training_summary.json").read_text())["averaged_with"] == {
+        "drafter": str(tmp_path / "halves"),
+        "weight_of_this_run": 0.25,
+    }
+    assert f"--average-with {tmp_path / 'halves'} --average-weight 0.25" in (tmp_path / "avg" / "README.md").read_text()
+    import dataclasses
+
+    wider = dataclasses.replace(trainer.dcfg, intermediate_size=2 * trainer.dcfg.intermediate_size)
+    from dflash_jax.drafter import init_drafter_params
+
+    export_released(init_drafter_params(wider, seed=0), wider, tmp_path / "wider")
+    with pytest.raises(SystemExit, match="^error: .*another configuration \\(intermediate_size differ\\)"):
+        main(ship[:3] + [str(tmp_path / "e"), "--average-with", str(tmp_path / "wider")])
+    with pytest.raises(SystemExit, match="^error: average weight 0.0: give the run's share in \\(0, 1\\]"):
+        main(ship[:3] + [str(tmp_path / "e"), "--average-with", str(tmp_path / "halves"), "--average-weight", "0"])
+    assert not (tmp_path / "e").exists()
     # the draft vocabulary alone, for a folder shipped without one: dflash-jax draft-vocab
     main(["draft-vocab", str(folder), "--write", str(a), "--size", "24", "--sizes", "8", "16"])
     assert read_draft_vocab(a)[:24].tolist() == ids[:24].tolist()  # the same counts, the first 24
