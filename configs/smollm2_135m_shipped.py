@@ -1,25 +1,28 @@
 """The recipe of the drafter shipped for SmolLM2-135M-Instruct (``dflash_jax/assets/smollm2-135m-instruct-dflash``,
 what ``--drafter auto`` picks for the embedded target), as one file.
 
-It reproduces the shipped drafter's last training stage, stage 10 (issue 38's long run: 1024 steps, about 1.6 h on 2
-CPU cores; ``experiments/smollm2/smollm2_135m_stage10.py`` but for ``out_dir``), kept as trained in
-``assets/smollm2-135m-instruct-dflash-stage10``. It continues stage 8 (``assets/smollm2-135m-instruct-dflash-stage8``,
-the drafter shipped before it; its recipe as one file: ``experiments/smollm2/smollm2_135m_stage8.py``) on all the
-answers made: 93 shards of ``data/smollm2-mix``, 8 of ``data/smollm2-math`` and 10 of ``data/smollm2-chats`` (the
-target's own answers to templated competition mathematics and to open-ended chat prompts,
-``experiments/math_prompts.py`` and ``experiments/chat_prompts.py``), the two domain folders repeated twice. The
-package reads it with a longer reach (``experiments/longer_reach.py``, no training): prompt-lookup matches of up to
-16 tokens with periodic continuations, as it read stage 8. Its tau at block 16 on 40 answers a set is above stage
-8's on all five sets (docs/BENCHMARKS.md, "Stage 10, shipped").
+It reproduces the shipped drafter's last training stage, stage 11 (issue 38's long run: 512 steps, about 1 h on 2
+CPU cores; ``experiments/smollm2/smollm2_135m_stage11.py`` but for ``out_dir``), whose final weights are then
+averaged with the stage they continued, half and half (``ship-drafter --average-with``: checkpoint averaging), kept
+so in ``assets/smollm2-135m-instruct-dflash-stage11``. It continues stage 10 (``assets/smollm2-135m-instruct-dflash-
+stage10``, the drafter shipped before it; its recipe as one file: ``experiments/smollm2/smollm2_135m_stage10.py``,
+which continued stage 8, ``experiments/smollm2/smollm2_135m_stage8.py``) on the same answers with another seed: 93
+shards of ``data/smollm2-mix``, 8 of ``data/smollm2-math`` and 10 of ``data/smollm2-chats`` (the target's own
+answers to templated competition mathematics and to open-ended chat prompts, ``experiments/math_prompts.py`` and
+``experiments/chat_prompts.py``), the two domain folders repeated twice. The package reads it with a longer reach
+(``experiments/longer_reach.py``, no training): prompt-lookup matches of up to 16 tokens with periodic
+continuations, as it read stages 8 and 10. Its tau at block 16 on 40 answers a set is above stage 10's on all five
+sets, and on 20 held-out answers a set (docs/BENCHMARKS.md, "Stage 11, averaged, shipped").
 
     .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py   # resumable
-    .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --out assets/smollm2-135m-instruct-dflash-stage10 \\
-        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage8 --hardware '2 CPU cores'
-    cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage10/
-    .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage10 \\
+    .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --out assets/smollm2-135m-instruct-dflash-stage11 \\
+        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage10 --hardware '2 CPU cores' \\
+        --average-with assets/smollm2-135m-instruct-dflash-stage10 --average-weight 0.5
+    cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage11/
+    .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage11 \\
         dflash_jax/assets/smollm2-135m-instruct-dflash --ngram-max 16 --periodic --tree-temperature 1.5 \\
         --dtype bfloat16 --with-record --overwrite
-    cp assets/smollm2-135m-instruct-dflash-stage10/draft_vocab.json dflash_jax/assets/smollm2-135m-instruct-dflash/
+    cp assets/smollm2-135m-instruct-dflash-stage11/draft_vocab.json dflash_jax/assets/smollm2-135m-instruct-dflash/
 """
 
 from ml_collections import ConfigDict
@@ -34,8 +37,8 @@ def get_config() -> ConfigDict:
     c.data_shards = (93, 8, 10)  # smollm2_135m.py: 0
     c.data_repeats = (1, 2, 2)  # smollm2_135m.py: 1
     c.out_dir = "runs/smollm2_135m_shipped"  # smollm2_135m.py: "runs/smollm2_135m"
-    c.seed = 6  # smollm2_135m.py: 0
-    c.init_from = "assets/smollm2-135m-instruct-dflash-stage8"  # smollm2_135m.py: ""
+    c.seed = 7  # smollm2_135m.py: 0
+    c.init_from = "assets/smollm2-135m-instruct-dflash-stage10"  # smollm2_135m.py: ""
     c.init_grow = False
     c.mesh = (1, 1, 1)
 
@@ -56,7 +59,7 @@ def get_config() -> ConfigDict:
     c.drafter.selector_top_k = 16
 
     c.train = ConfigDict()
-    c.train.steps = 1024  # smollm2_135m.py: 2000
+    c.train.steps = 512  # smollm2_135m.py: 2000
     c.train.batch_size = 4  # smollm2_135m.py: 8
     c.train.grad_accum = 1
     c.train.max_len = 384  # smollm2_135m.py: 512

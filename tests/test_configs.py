@@ -34,12 +34,12 @@ def test_a_study_or_shipped_config_states_every_field_itself(path):
 def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
     """configs/smollm2_135m_shipped.py equals the shipped drafter's recorded train_config.json but for
     its out_dir, and any train field (``NEWER_TRAIN_FIELDS``), drafter field or top-level field added after
-    the run, at its default; the stage it continues (stage 8, kept in the repository) is its init_from."""
+    the run, at its default; the stage it continues (stage 10, kept in the repository) is its init_from."""
     c = json.loads(json.dumps(load_config(ROOT / "configs" / "smollm2_135m_shipped.py").to_dict(), default=list))
     shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
     ran = json.loads((shipped / "train_config.json").read_text())
     assert c.pop("out_dir") != ran.pop("out_dir")
-    assert c["init_from"] == ran["init_from"] == "assets/smollm2-135m-instruct-dflash-stage8"
+    assert c["init_from"] == ran["init_from"] == "assets/smollm2-135m-instruct-dflash-stage10"
     from dflash_jax.train_config import NEWER_TRAIN_FIELDS
 
     for key, default in NEWER_TRAIN_FIELDS.items():  # fields added after the run, at their defaults
@@ -55,30 +55,39 @@ def test_the_shipped_recipe_is_the_shipped_drafters_training_config():
         assert c.pop(key) == TrainConfig.__dataclass_fields__[key].default, key
     assert c == ran
     # what the recipe and the stages before it start from are kept in the repository
-    for stage in ("stage8", "long1024", "stage6", "stage5"):
+    for stage in ("stage10", "stage8", "long1024", "stage6", "stage5"):
         assert (ROOT / "assets" / f"smollm2-135m-instruct-dflash-{stage}" / "model.safetensors").exists()
 
 
-def test_the_shipped_drafter_is_stage_10_read_with_a_longer_reach():
-    """The package's drafter is stage 10's weights (``assets/smollm2-135m-instruct-dflash-stage10``, what the recipe
-    trains) read matching up to 16 tokens with periodic continuations (``experiments/longer_reach.py``): every
-    tensor equal but the copy-bias table, whose rows for 2-4-token matches are stage 10's and whose rows for longer
-    matches stand at ``copy_bias``; its draft trees' scores are tempered at 1.5; its record says so."""
+def test_the_shipped_drafter_is_stage_11_averaged_and_read_with_a_longer_reach():
+    """The package's drafter is stage 11's weights averaged half and half with stage 10's, the stage it continued
+    (``assets/smollm2-135m-instruct-dflash-stage11``: the recipe's run shipped with ``--average-with``), read
+    matching up to 16 tokens with periodic continuations (``experiments/longer_reach.py``): every tensor equal but
+    the copy-bias table, whose rows for 2-4-token matches are stage 11's and whose rows for longer matches stand at
+    ``copy_bias``; its draft trees' scores are tempered at 1.5; its record says so."""
     import ml_dtypes  # noqa: F401  (numpy reads bfloat16 through it)
     from safetensors.numpy import load_file
 
     shipped = ROOT / "dflash_jax" / "assets" / "smollm2-135m-instruct-dflash"
-    stage10 = ROOT / "assets" / "smollm2-135m-instruct-dflash-stage10"
-    ours, theirs = load_file(str(shipped / "model.safetensors")), load_file(str(stage10 / "model.safetensors"))
+    stage11 = ROOT / "assets" / "smollm2-135m-instruct-dflash-stage11"
+    ours, theirs = load_file(str(shipped / "model.safetensors")), load_file(str(stage11 / "model.safetensors"))
     assert ours.keys() == theirs.keys()
     (table,) = [k for k in ours if "copy_bias" in k]
     assert all((ours[k] == theirs[k]).all() for k in ours if k != table)
+    summary = json.loads((shipped / "training_summary.json").read_text())
+    assert summary["averaged_with"] == {
+        "drafter": "assets/smollm2-135m-instruct-dflash-stage10",
+        "weight_of_this_run": 0.5,
+    }
+    stage10 = load_file(str(ROOT / "assets" / "smollm2-135m-instruct-dflash-stage10" / "model.safetensors"))
+    moved = [k for k in ours if k != table and (ours[k] != stage10[k]).any()]
+    assert len(moved) >= len(ours) - 2  # the average is not stage 10 itself
     config = json.loads((shipped / "config.json").read_text())["dflash_config"]
     assert (config["ngram_max"], config["ngram_min"], config["ngram_periodic"]) == (16, 2, True)
     old = theirs[table].shape[0]
     assert ours[table].shape[0] == 16 and (ours[table][:old] == theirs[table]).all()  # a row per matched length
     assert (ours[table][old:].astype("float32") == config["copy_bias"]).all()
-    read_with = json.loads((shipped / "training_summary.json").read_text())["read_with"]
+    read_with = summary["read_with"]
     assert read_with["trained_with"] == {"ngram_max": 4, "ngram_periodic": False} and read_with["ngram_max"] == 16
     # its draft trees read its scores tempered (tuned on held-out shards: docs/BENCHMARKS.md "Draft trees")
     assert config["tree_temperature"] == read_with["tree_temperature"] == 1.5
