@@ -275,7 +275,10 @@ def _averaged(params, cfg, other: Path, weight: float):
     if jax.tree.structure(params) != jax.tree.structure(theirs) or any(
         np.shape(x) != np.shape(y) for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(theirs))
     ):
-        raise CheckpointError(f"{other}: its tensors differ in shape from the run's; average two drafters of one path")
+        raise CheckpointError(
+            f"{other}: its tensors differ in shape from the run's (a folder read with a longer reach has more "
+            "copy-bias rows); average with the folder as trained"
+        )
     return jax.tree.map(
         lambda x, y: weight * np.asarray(x, np.float32) + (1.0 - weight) * np.asarray(y, np.float32), params, theirs
     )
