@@ -12,12 +12,13 @@ answers to templated competition mathematics and to open-ended chat prompts, ``e
 ``experiments/chat_prompts.py``), the two domain folders repeated twice. The package reads it with a longer reach
 (``experiments/longer_reach.py``, no training): prompt-lookup matches of up to 16 tokens with periodic
 continuations, as it read stages 8 and 10. Its tau at block 16 on 40 answers a set is above stage 10's on all five
-sets, and on 20 held-out answers a set (docs/BENCHMARKS.md, "Stage 11, averaged, shipped").
+sets, and on 20 held-out answers a set (docs/BENCHMARKS.md, "Stage 11, averaged with stage 10,
+shipped").
 
     .venv/bin/dflash-jax train --config configs/smollm2_135m_shipped.py   # resumable
     .venv/bin/dflash-jax ship-drafter runs/smollm2_135m_shipped --out assets/smollm2-135m-instruct-dflash-stage11 \\
-        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage10 --hardware '2 CPU cores' \\
-        --average-with assets/smollm2-135m-instruct-dflash-stage10 --average-weight 0.5
+        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage10 --target-name SmolLM2-135M-Instruct \\
+        --hardware '2 CPU cores' --average-with assets/smollm2-135m-instruct-dflash-stage10 --average-weight 0.5
     cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage11/
     .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage11 \\
         dflash_jax/assets/smollm2-135m-instruct-dflash --ngram-max 16 --periodic --tree-temperature 1.5 \\

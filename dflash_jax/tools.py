@@ -263,7 +263,8 @@ def _averaged(params, cfg, other: Path, weight: float):
     if not 0.0 < weight <= 1.0:
         raise ConfigError(f"average weight {weight}: give the run's share in (0, 1] (0.5: the plain mean)")
     theirs, their_cfg, _ = load_drafter(other)
-    # the reading-time fields (how far the block input reaches, tree scores) may differ: the weights are the same shape
+    # the reading-time fields (how far the block input reaches, tree scores) may differ; a longer reach also adds
+    # copy-bias rows, which the shape check below names
     reading = {"ngram_max", "ngram_periodic", "tree_temperature", "dtype"}
     a, b = dataclasses.asdict(cfg), dataclasses.asdict(their_cfg)
     differ = sorted(k for k in a if k not in reading and a[k] != b.get(k))

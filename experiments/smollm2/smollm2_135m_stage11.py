@@ -6,14 +6,19 @@ further, shorter schedule lifts every set again.
 
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_stage11.py   # resumable
     .venv/bin/dflash-jax ship-drafter runs/long38_s11 --out assets/smollm2-135m-instruct-dflash-stage11 \\
-        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage10 --hardware '2 CPU cores'
+        --which drafter --continues assets/smollm2-135m-instruct-dflash-stage10 --target-name SmolLM2-135M-Instruct \\
+        --hardware '2 CPU cores' --average-with assets/smollm2-135m-instruct-dflash-stage10 --average-weight 0.5
     cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json assets/smollm2-135m-instruct-dflash-stage11/
     .venv/bin/python experiments/longer_reach.py assets/smollm2-135m-instruct-dflash-stage11 /work/tmp/s11_pkg \\
         --ngram-max 16 --periodic --tree-temperature 1.5 --dtype bfloat16 --with-record
     cp assets/smollm2-135m-instruct-dflash-stage11/draft_vocab.json /work/tmp/s11_pkg/
     .venv/bin/python experiments/study_tau.py --records docs/bench/tree/tree40.records.jsonl --per-set 40 \\
-        --blocks 16 --ngram off --draft-vocab 8192 --drafter s11=/work/tmp/s11_pkg \\
-        --out docs/bench/issue38/stage11_tau40.jsonl
+        --blocks 16 --ngram off --draft-vocab 8192 --drafter s11avg=/work/tmp/s11_pkg \\
+        --out docs/bench/issue38/stage11avg_tau40.jsonl
+
+(The same commands without ``--average-with``, studied as ``s11=`` into ``docs/bench/issue38/stage11_tau40.jsonl``,
+read its last weights alone, which did not beat stage 10 on every set; their mean with stage 10's did and shipped:
+docs/BENCHMARKS.md, "Stage 11, averaged with stage 10, shipped".)
 
 Ship only if its tau at block 16 beats the shipped drafter's on every set (stage 10: 3.60 / 3.73 / 3.06 / 2.49 /
 2.42 on ``experiments/study_tau.py``'s 40 answers a set, ``docs/bench/issue38/stage10_tau40.jsonl``).
