@@ -349,8 +349,9 @@ def ship_drafter(
     finds it), with ``train_config.json`` (the run's config), ``training_summary.json`` (``run_summary``
     plus ``earlier_stages``: the runs it continued through ``init_from``, oldest first, and before them
     the shipped folder ``continues``, with total steps and hours), ``loss.png`` (``plot_run``),
-    optionally ``draft_vocab.json`` (``count_draft_vocab`` on the ``prepare-data`` folder ``draft_vocab``)
-    and ``README.md`` (how it was made: ``data_command``, ``command``, and the shipped folder's own
+    optionally ``draft_vocab.json`` (``count_draft_vocab`` on the ``prepare-data`` folder ``draft_vocab``;
+    without one, the ``continues`` folder's own ``draft_vocab.json`` is carried over, as its vocabulary is the
+    one the run trained toward) and ``README.md`` (how it was made: ``data_command``, ``command``, and the shipped folder's own
     commands before them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped
     one the run continued); the weights written are then ``average_weight`` times the run's plus ``1 -
     average_weight`` times that drafter's, tensor by tensor in float32 (checkpoint averaging, as model soups
@@ -393,6 +394,11 @@ def ship_drafter(
     default_name = Path(str(run_config.get("target", "its target"))).name  # a known name, or a checkpoint folder's
     target_name = target_name or default_name
     vocab_size = min(draft_vocab_size, cfg.vocab_size)
+    carried = Path(continues) / "draft_vocab.json" if continues and not draft_vocab else None
+    if carried is not None and not carried.is_file():
+        carried = None
+    if carried is not None:
+        vocab_size = len(json.loads(carried.read_text())["ids"])
     with atomic_folder(out, overwrite=overwrite, kind="released-drafter") as tmp:
         export_released(params, cfg, tmp / "drafter", dtype="bfloat16", target_identity=identity)
         for f in (tmp / "drafter").iterdir():
@@ -409,6 +415,8 @@ def ship_drafter(
                 vocab_size,
                 command=f"dflash-jax draft-vocab {draft_vocab} --write {out} --size {vocab_size}",
             )
+        elif carried is not None:
+            shutil.copy(carried, tmp / "draft_vocab.json")
         kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")
         extras = ""
         if cfg.dflash2:
@@ -454,8 +462,10 @@ def ship_drafter(
                 f"- `draft_vocab.json`: the draft vocabulary, the {vocab_size} tokens dflash-jax lets "
                 "it propose (the most frequent answer tokens, plus each offset's prompt-lookup token whatever "
                 "the list): its LM head then costs a fraction of the full one; `--draft-vocab 0` drafts over "
-                "the whole vocabulary; `dflash` ignores the file\n"
-                if draft_vocab
+                "the whole vocabulary; `dflash` ignores the file"
+                + (f" (carried over from {continues})" if carried is not None else "")
+                + "\n"
+                if draft_vocab or carried is not None
                 else ""
             )
             + "\n## Reproduce\n\n```bash\n"

@@ -426,6 +426,11 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert readme_c.index("TRAIN-COMMAND") < readme_c.index("NEXT") and f"--continues {a}" in readme_c
     with pytest.raises(SystemExit, match="^error: .*give a folder made by dflash-jax ship-drafter"):
         main(ship[:3] + [str(tmp_path / "d"), "--continues", str(out)])
+    # continuing it with no --draft-vocab carries its vocabulary over, and the README says so
+    main(ship[:3] + [str(tmp_path / "c2"), "--continues", str(c)])
+    assert read_draft_vocab(tmp_path / "c2").tolist() == ids.tolist()
+    assert "`draft_vocab.json`: the draft vocabulary, the 40 tokens" in (tmp_path / "c2" / "README.md").read_text()
+    assert f"(carried over from {c})" in (tmp_path / "c2" / "README.md").read_text()
     # checkpoint averaging: the run's weights times W plus another drafter's of the same configuration
     from dflash_jax.drafter_io import export_released
 
