@@ -351,8 +351,8 @@ def ship_drafter(
     the shipped folder ``continues``, with total steps and hours), ``loss.png`` (``plot_run``),
     optionally ``draft_vocab.json`` (``count_draft_vocab`` on the ``prepare-data`` folder ``draft_vocab``;
     without one, the ``continues`` folder's own ``draft_vocab.json`` is carried over, as its vocabulary is the
-    one the run trained toward) and ``README.md`` (how it was made: ``data_command``, ``command``, and the shipped folder's own
-    commands before them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped
+    one the run trained toward) and ``README.md`` (how it was made: ``data_command``, ``command``, and the
+    shipped folder's own commands before them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped
     one the run continued); the weights written are then ``average_weight`` times the run's plus ``1 -
     average_weight`` times that drafter's, tensor by tensor in float32 (checkpoint averaging, as model soups
     and LAWA: two points of one training path, whose mean is often better than either), recorded in the
