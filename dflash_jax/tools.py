@@ -344,20 +344,19 @@ def ship_drafter(
     average_weight: float = 0.5,
     overwrite: bool = False,
 ) -> dict:
-    """Write the drafter of training run ``run`` (its ``which``: ``best`` or ``drafter``, the final one)
-    to ``out`` in the released format (bfloat16, with the target's identity so that ``--drafter auto``
-    finds it), with ``train_config.json`` (the run's config), ``training_summary.json`` (``run_summary``
-    plus ``earlier_stages``: the runs it continued through ``init_from``, oldest first, and before them
-    the shipped folder ``continues``, with total steps and hours), ``loss.png`` (``plot_run``),
-    optionally ``draft_vocab.json`` (``count_draft_vocab`` on the ``prepare-data`` folder ``draft_vocab``;
-    without one, the ``continues`` folder's own ``draft_vocab.json`` is carried over, as its vocabulary is the
-    one the run trained toward) and ``README.md`` (how it was made: ``data_command``, ``command``, and the
-    shipped folder's own commands before them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped
-    one the run continued); the weights written are then ``average_weight`` times the run's plus ``1 -
-    average_weight`` times that drafter's, tensor by tensor in float32 (checkpoint averaging, as model soups
-    and LAWA: two points of one training path, whose mean is often better than either), recorded in the
-    summary (``averaged_with``) and the README. Atomic: ``out`` appears (or replaces an earlier shipped
-    folder, with ``overwrite``) only once complete. Returns the summary.
+    """Write the drafter of training run ``run`` (its ``which``: ``best`` or ``drafter``, the final one) to ``out``
+    in the released format (bfloat16, with the target's identity so that ``--drafter auto`` finds it), with
+    ``train_config.json`` (the run's config), ``training_summary.json`` (``run_summary`` plus ``earlier_stages``:
+    the runs it continued through ``init_from``, oldest first, and before them the shipped folder ``continues``,
+    with total steps and hours), ``loss.png`` (``plot_run``), optionally ``draft_vocab.json`` (``count_draft_vocab``
+    on the ``prepare-data`` folder ``draft_vocab``; without one, the ``continues`` folder's own ``draft_vocab.json``
+    is carried over, as its vocabulary is the one the run trained toward) and ``README.md`` (how it was made:
+    ``data_command``, ``command``, and the shipped folder's own commands before them). ``average_with``: a drafter
+    folder of the same configuration (e.g. the shipped one the run continued); the weights written are then
+    ``average_weight`` times the run's plus ``1 - average_weight`` times that drafter's, tensor by tensor in float32
+    (checkpoint averaging, as model soups and LAWA: two points of one training path, whose mean is often better than
+    either), recorded in the summary (``averaged_with``) and the README. Atomic: ``out`` appears (or replaces an
+    earlier shipped folder, with ``overwrite``) only once complete. Returns the summary.
 
     Raises:
       CheckpointError: ``run`` has no such drafter or no metrics, an earlier stage is not a run folder,
