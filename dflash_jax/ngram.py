@@ -210,24 +210,29 @@ class HybridStep(OnDrafter):
     the verify is the loop's own, and under sampling an n-gram row's ``q`` is the point mass of
     its draft (a DFlash row's: the drafter's own ``q``). ``default_block``: the block size a plan
     takes by default (``None``: the drafter's); any up to the drafter's may still be passed.
+    ``drafter_block``: the block the drafter drafts at when the round's is larger (``None``: the round's):
+    its rows then hold ``drafter_block - 1`` real tokens (confidence 0 past them), while prompt-lookup rows
+    copy up to the round's block. On a CPU a long copy then verifies up to 16 positions without the drafter's
+    forward growing with it (its cost, and the width its rows choose, stay those of block 8).
 
     Raises:
-      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, or ``default_block`` outside
-        ``[2, the drafter's block size]``.
+      ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, or ``default_block`` or ``drafter_block``
+        outside ``[2, the drafter's block size]``.
     """
 
     dflash: object  # a DraftStep
     ngram: NgramStep
     min_match: int = 2
     default_block: int | None = None
+    drafter_block: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.min_match <= self.ngram.ngram_max:
             raise ValueError(f"min_match must be in [1, ngram_max = {self.ngram.ngram_max}], got {self.min_match}")
-        if self.default_block is not None and not 2 <= self.default_block <= self.dflash.max_block_size:
-            raise ValueError(
-                f"default_block must be in [2, the drafter's {self.dflash.max_block_size}], got {self.default_block}"
-            )
+        for name in ("default_block", "drafter_block"):
+            value = getattr(self, name)
+            if value is not None and not 2 <= value <= self.dflash.max_block_size:
+                raise ValueError(f"{name} must be in [2, the drafter's {self.dflash.max_block_size}], got {value}")
 
     @property
     def default_block_size(self) -> int:
@@ -256,8 +261,19 @@ class HybridStep(OnDrafter):
         walk; sampled, its draws and their ``q``), whose forward is skipped when no row needs it."""
         k = block_len - 1
         ng, use, num, conf_ng, idle = self._lookup(tokens, start, block_valid, k)
-        args = (params, target_params, cache, anchor, start, block_valid, block_len)
+        kd = min(self.drafter_block or block_len, block_len)  # the drafter's own block this round
+        args = (params, target_params, cache, anchor, start, jnp.minimum(block_valid, kd), kd)
         d = self._drafter(idle, partial(self.dflash.propose, *args, tokens=tokens, key=key, sampling=sampling))
+        if kd < block_len:  # its rows hold kd - 1 real tokens: pad to the round's k (never accepted, confidence 0)
+            pad = ((0, 0), (0, block_len - kd))
+            d = d._replace(
+                tokens=jnp.pad(d.tokens, pad),
+                confidence=jnp.pad(d.confidence, pad),
+                q=None
+                if d.q is None
+                else jnp.concatenate([d.q, point_mass(jnp.zeros_like(ng[:, kd - 1 :]), d.q.shape[-1])], 1),
+            )
+            num = jnp.where(use, num, kd - 1)
         q = None
         if not sampling.greedy:
             q = jnp.where(use[:, None, None], point_mass(ng, d.q.shape[-1]), d.q)

@@ -12,7 +12,9 @@ must equal plain decoding's (the script stops at the first that does not). A pla
   lookup's branches in every row's tree;
 - ``treela:W[:COSTS]``: as ``treel``, each row verifying its best nodes that pay (widths up to ``W``);
 - ``block:B[:COSTS]``: the defaults' chains (the shipped drafter beside prompt lookup, verify lengths auto)
-  at block ``B`` instead of ``speculation.CPU_BLOCK_SIZE``.
+  at block ``B`` instead of ``speculation.CPU_BLOCK_SIZE``;
+- ``hybrid:B:D``: those chains at block ``B`` with the drafter drafting at block ``D`` (``HybridStep.drafter_block``):
+  prompt-lookup rows copy up to ``B - 1`` tokens, the drafter's rows hold ``D - 1``.
 
     .venv/bin/python experiments/compare_plans.py --sets gsm8k math500 humaneval mbpp mt-bench \\
         --per-set 6 default:0 default:7
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter, defaultdict
+
+import numpy as np
 
 
 def make(kind: str, n: str, rest: list[str], ck, tok, dr):
@@ -45,7 +49,12 @@ def make(kind: str, n: str, rest: list[str], ck, tok, dr):
         )
     if kind == "block":
         return speculation.plan_for(ck, dr, tok, tree="off", block_size=w, verify_costs=costs)
-    raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block)")
+    if kind == "hybrid":
+        import dataclasses
+
+        plan = speculation.plan_for(ck, dr, tok, tree="off", block_size=w)
+        return dataclasses.replace(plan, step=dataclasses.replace(plan.step, drafter_block=int(rest[0])))
+    raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block, hybrid)")
 
 
 def main() -> None:
@@ -69,6 +78,7 @@ def main() -> None:
     items = [p for d in args.sets for p in prompts.load_eval_prompts(d, None, args.skip + args.per_set, 1)[args.skip :]]
     stops = tokens.stop_ids(tok)
     stats = defaultdict(lambda: [0.0, 0, 0, Counter()])  # (plan, set) -> seconds, rounds, tokens, verify widths
+    seconds = defaultdict(list)  # plan -> decode seconds per prompt, in the prompts' order
     for item in items:
         ids = tokens.chat_ids(tok, [{"role": "user", "content": item.turns[0]}])
         want = None
@@ -77,6 +87,7 @@ def main() -> None:
             want = r.token_ids if want is None else want
             if r.token_ids != want:
                 raise SystemExit(f"error: {name} differs from plain decoding on {item.dataset} {item.id}")
+            seconds[name].append(r.decode_s)
             for key in ((name, item.dataset), (name, "all")):
                 s = stats[key]
                 s[0], s[1], s[2] = s[0] + r.decode_s, s[1] + len(r.acceptance_lengths), s[2] + sum(r.acceptance_lengths)
@@ -94,6 +105,11 @@ def main() -> None:
                 f"| {name} | {1e3 * t / rounds:.1f} | {toks / rounds:.2f} | {mean_width:.2f} | {by_width} | "
                 f"{speed:.1f} | {speed / base:.2f}x |"
             )
+    first, *others = [n for n in decoders if n != "plain"]
+    for name in others:  # paired by prompt: the same answers, so only the time differs
+        ratio = np.asarray(seconds[first]) / np.asarray(seconds[name])
+        se = ratio.std(ddof=1) / np.sqrt(len(ratio)) if len(ratio) > 1 else float("nan")
+        print(f"\n{name} against {first}, speed per prompt: {ratio.mean():.3f} +- {se:.3f} ({len(ratio)} prompts)")
 
 
 if __name__ == "__main__":

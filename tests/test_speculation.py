@@ -95,13 +95,14 @@ def _dflash(ck, bs=8, **dflash2):
     return init_drafter_params(dcfg, seed=0), dcfg
 
 
-@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid", "hybrid_dflash2"])
+@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid", "hybrid_dflash2", "hybrid_drafter_block"])
 def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa: F811
     ck, plain = target
     prompts = _prompts(8)
     want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
     params, dcfg = _dflash(ck, **(DFLASH2 if which == "hybrid_dflash2" else {}))
-    hybrid = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7))
+    drafter_block = 4 if which == "hybrid_drafter_block" else None  # the drafter at 4 in rounds of 8
+    hybrid = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7), drafter_block=drafter_block)
     step, params = {
         "ngram": (NgramStep(block_size=8, confidence=0.7), None),
         "dflash": (DraftStep(dcfg, ck.cfg), params),
@@ -202,6 +203,40 @@ def test_hybrid_takes_prompt_lookup_where_it_matches_and_the_drafter_elsewhere(t
     np.testing.assert_allclose(sampled.q[1], own.q[1], rtol=1e-5, atol=1e-7)  # the same forward, fused otherwise
 
 
+def test_hybrid_drafts_at_its_own_smaller_block_while_prompt_lookup_copies_the_rounds(target):  # noqa: F811
+    """``drafter_block``: in a round of 8 the drafter's rows are its draft at block 4 (3 real tokens, the rest
+    padding of confidence 0 that is never accepted), greedy and sampled; prompt lookup's rows copy up to 7."""
+    ck, _ = target
+    params, dcfg = _dflash(ck)
+    dstep = DraftStep(dcfg, ck.cfg)
+    step = HybridStep(dstep, NgramStep(block_size=8, confidence=0.7), min_match=2, drafter_block=4)
+    tokens = (
+        jnp.zeros((2, 30), jnp.int32)
+        .at[:, :10]
+        .set(jnp.asarray([[6, 7, 8, 9, 10, 11, 12, 13, 6, 7], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15]]))
+    )
+    start = jnp.asarray([9, 9], jnp.int32)
+    feats = jnp.ones((2, 9, len(dcfg.target_layer_ids) * ck.cfg.hidden_size))
+    cache = dstep.write_context(params, dstep.init_cache(2, 28), feats, jnp.zeros((2,), jnp.int32))
+    args = (params, ck.params, cache, tokens[:, 9], start, jnp.asarray([8, 8]))
+    draft, num, conf, *_ = step.propose(*args, 8, tokens=tokens, key=None, sampling=GREEDY)
+    alone, _, dconf, *_ = dstep.propose(*args[:5], jnp.asarray([4, 4]), 4, tokens=None, key=None, sampling=GREEDY)
+    assert num.tolist() == [7, 3]  # row 0: "6 7" occurred before, its 7 next tokens copied; row 1: the drafter's 3
+    np.testing.assert_array_equal(draft[0], [8, 9, 10, 11, 12, 13, 6])
+    np.testing.assert_array_equal(draft[1], [*np.asarray(alone[1]), 0, 0, 0, 0])
+    np.testing.assert_allclose(conf[1, :3], dconf[1], rtol=1e-6)
+    np.testing.assert_array_equal(conf[1, 3:], 0.0)
+    keys = jax.random.split(jax.random.key(0), 2)
+    sampled = step.propose(*args, 8, tokens=tokens, key=keys, sampling=Sampling(0.8))
+    own = dstep.propose(*args[:5], jnp.asarray([4, 4]), 4, tokens=None, key=keys, sampling=Sampling(0.8))
+    assert sampled.num.tolist() == [7, 3] and sampled.q.shape == (2, 7, ck.cfg.vocab_size)
+    np.testing.assert_array_equal(sampled.tokens[1, :3], own.tokens[1])
+    np.testing.assert_allclose(sampled.q[1, :3], own.q[1], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(sampled.q).sum(-1), 1.0, rtol=1e-5)  # a distribution at every offset
+    with pytest.raises(ValueError, match="drafter_block must be in \\[2, the drafter's 8\\], got 9"):
+        HybridStep(dstep, NgramStep(block_size=8), drafter_block=9)
+
+
 def test_hybrid_drafts_a_dflash2_drafters_rows_through_its_selector_walk(target):  # noqa: F811
     """A DFlash 2 drafter's rows take its selector's walk (``DraftStep.propose``), not the argmax of
     its logits; under sampling its rows take the walk's draw and q, the n-gram rows a point mass."""
@@ -293,11 +328,11 @@ def test_hybrid_skips_the_drafter_when_every_row_has_a_match(target):  # noqa: F
 
 
 @pytest.mark.parametrize(
-    "lengths, dflash2",
-    [(None, {}), ((1, 2), {}), (None, DFLASH2), ((1, 3), DFLASH2)],
-    ids=["full", "short", "dflash2", "dflash2-short"],
+    "lengths, dflash2, drafter_block",
+    [(None, {}, None), ((1, 2), {}, None), (None, DFLASH2, None), ((1, 3), DFLASH2, None), (None, {}, 2)],
+    ids=["full", "short", "dflash2", "dflash2-short", "drafter-block-2"],
 )
-def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2):  # noqa: F811
+def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2, drafter_block):  # noqa: F811
     """The hybrid under sampling: n-gram rows a point mass, DFlash rows the drafter's q (DFlash 2:
     its selector walk's draw and q, over 3 candidates of the 8 tokens, a confident head and a
     selector strong enough that the walk's q moves with its draws; with verify lengths, chosen
@@ -311,7 +346,7 @@ def test_sampling_keeps_the_target_distribution(tiny, lengths, dflash2):  # noqa
         dparams = jax.tree.map(lambda x: np.asarray(x) * 3.0 + 0.2 * rs.randn(*np.shape(x)), dparams)
         for name in ("predecessor_codebook", "successor_codebook", "hidden_projection"):
             dparams[name] = rs.randn(*np.shape(dparams[name])).astype(np.float32)
-    step = HybridStep(DraftStep(dcfg, cfg), NgramStep(block_size=4, confidence=0.7), min_match=1)
+    step = HybridStep(DraftStep(dcfg, cfg), NgramStep(block_size=4, confidence=0.7), 1, drafter_block=drafter_block)
     # fixed costs, not timed: the test sees the same rounds anywhere
     costs = None if not lengths else (1.0, 1.8, 1.8) if dflash2 else (1.0, 1.2, 1.6)
     dec = Decoder(params, cfg, make_plan(step, dparams, verify_lengths=lengths, verify_costs=costs), sampling=s)
