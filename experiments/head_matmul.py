@@ -9,7 +9,8 @@ a CPU costs more than a plain step (docs/BENCHMARKS.md, "A draft vocabulary").
     XLA_FLAGS=... .venv/bin/python experiments/head_matmul.py --stack
 
 ``--stack``: a 30-layer stack of SmolLM2's matmuls (fused QKV, output, gate-up, down; random weights) and
-its LM head with an argmax, at 1 / 8 / 16 rows, under XLA (any ``XLA_FLAGS`` given) and numpy's BLAS;
+its LM head with an argmax, at 1 / 2 / 4 / 8 / 16 rows, under XLA (any ``XLA_FLAGS`` given), under XLA with every
+weight stored ``[out, in]`` (an einsum over the transposed layout) and numpy's BLAS;
 milliseconds, median of 15 calls: what a verify of 8 positions costs against a plain step on this machine.
 """
 
@@ -38,15 +39,26 @@ def stack() -> None:
             x = x + (silu(g[:, :f]) * g[:, f:]) @ w["dn"]
         return (x @ head.T).argmax(-1)
 
+    def forward_t(x, wts, head):  # the same with every weight stored [out, in] (PyTorch's layout)
+        mm = lambda x, wt: jnp.einsum("td,fd->tf", x, wt)  # noqa: E731
+        for w in wts:
+            x = x + mm(mm(x, w["qkv"])[:, :d], w["o"])
+            g = mm(x, w["gu"])
+            x = x + mm(jax.nn.silu(g[:, :f]) * g[:, f:], w["dn"])
+        return mm(x, head).argmax(-1)
+
     xla = jax.jit(lambda x, ws, head: forward(x, ws, head, jax.nn.silu))
+    xla_t = jax.jit(forward_t)
     jws, jhead = jax.tree.map(jnp.asarray, ws), jnp.asarray(head)
+    jwts = jax.tree.map(lambda w: jnp.asarray(w.T.copy()), ws)
     numpy_silu = lambda g: g / (1 + np.exp(-g))  # noqa: E731
     print("XLA_FLAGS:", os.environ.get("XLA_FLAGS", "(none)"))
-    for rows in (1, 8, 16):
+    for rows in (1, 2, 4, 8, 16):
         x = np.ones((rows, d), np.float32)
         times = {}
         for name, run in (
             ("xla", lambda: xla(x, jws, jhead).block_until_ready()),
+            ("xla [out, in]", lambda: xla_t(x, jwts, jhead).block_until_ready()),
             ("numpy", lambda: forward(x, ws, head, numpy_silu)),
         ):
             run()
@@ -56,7 +68,12 @@ def stack() -> None:
                 run()
                 t.append(time.perf_counter() - start)
             times[name] = 1e3 * float(np.median(t))
-        print(f"{rows} rows: XLA {times['xla']:.1f} ms, numpy {times['numpy']:.1f} ms")
+        print(
+            ", ".join(
+                [f"{rows} rows: XLA {times['xla']:.1f} ms"]
+                + [f"{k} {v:.1f} ms" for k, v in times.items() if k != "xla"]
+            )
+        )
 
 
 def main() -> None:
