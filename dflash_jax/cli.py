@@ -482,6 +482,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     b.add_argument(
+        "--block-arms",
+        default="on",
+        choices=["on", "off"],
+        help="measure the DFlash drafter alone at each --block-size (off: only the other arms, such as the defaults "
+        "over a large set, whose greedy tau at a block the recorded plain answers give offline: "
+        "experiments/study_tau.py)",
+    )
+    b.add_argument(
         "--ngram-arm",
         default="on",
         choices=["on", "off"],
@@ -990,6 +998,8 @@ def cmd_bench(args) -> None:
 
     if min(args.max_new_tokens, args.batch_size) < 1 or (args.max_samples is not None and args.max_samples < 1):
         sys.exit("error: --max-new-tokens, --batch-size and --max-samples must be >= 1")
+    if args.block_arms == "off" and args.ngram_arm == "off" and args.default_arm == "off" and not args.tree_arms:
+        sys.exit("error: no arm to measure against plain decoding; leave --block-arms or --default-arm on")
     datasets = list(BENCH_DATASETS) if "all" in args.dataset else list(dict.fromkeys(args.dataset))
     try:
         if args.prompts_file:
@@ -1011,12 +1021,12 @@ def cmd_bench(args) -> None:
             else "error: bench measures prompt lookup in its own 'ngram' row; pass a DFlash --drafter (or auto)"
         )
     blocks = args.block_size or [drafter.cfg.block_size]
-    arms: list = list(blocks)  # the DFlash drafter alone at each block size, every block token verified
+    arms: list = list(blocks) if args.block_arms == "on" else []  # the drafter alone at each block, all verified
     plans: dict = {
         b: _plan(
             args, ck, tok, drafter, prompt_lookup=False, block_size=b, verify_lengths=None, tree="off", draft_gate="off"
         )
-        for b in blocks
+        for b in arms
     }
     if args.ngram_arm == "on":  # the training-free baseline, as serving engines run it, at the largest block
         arms.append("ngram")

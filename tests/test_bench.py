@@ -303,6 +303,16 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
     cli.main([*argv, "--max-new-tokens", "6", "--block-size", "4", "--json-out", str(today), "--no-progress"])
     assert type(made[-1].drafter) is HybridStep and made[-1].drafter.default_block == CPU_BLOCK_SIZE
     assert json.loads(today.read_text())["settings"]["arms"][-1] == "default"
+    # --block-arms off: the defaults alone beside plain decoding (a large set's speed; its tau at a block offline)
+    made.clear()
+    alone = tmp_path / "alone" / "r.json"
+    cli.main([*argv, "--max-new-tokens", "6", "--block-arms", "off", "--ngram-arm", "off", "--json-out", str(alone)])
+    rep = json.loads(alone.read_text())
+    assert rep["settings"]["arms"] == ["default"] and set(rep["table"]["gsm8k"]) == {"default"}
+    assert len(made) == 2 and made[0].drafter is None and type(made[1].drafter) is HybridStep  # plain, the defaults
+    assert rep["records"][0]["default"]["identical"]
+    with pytest.raises(SystemExit, match="^error: no arm to measure against plain decoding"):
+        cli.main([*argv, "--block-arms", "off", "--ngram-arm", "off", "--default-arm", "off"])
     monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)  # a tree measured faster (stage 6's): the 'chains' row
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()
