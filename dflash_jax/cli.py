@@ -998,8 +998,17 @@ def cmd_bench(args) -> None:
 
     if min(args.max_new_tokens, args.batch_size) < 1 or (args.max_samples is not None and args.max_samples < 1):
         sys.exit("error: --max-new-tokens, --batch-size and --max-samples must be >= 1")
-    if args.block_arms == "off" and args.ngram_arm == "off" and args.default_arm == "off" and not args.tree_arms:
-        sys.exit("error: no arm to measure against plain decoding; leave --block-arms or --default-arm on")
+    if args.block_arms == "off" and args.ngram_arm == "off":
+        if args.default_arm == "off" and not args.tree_arms:
+            sys.exit(
+                "error: no arm to measure against plain decoding; turn on --block-arms, --default-arm or "
+                "--ngram-arm, or give --tree-arms"
+            )
+        if args.block_size:
+            sys.exit(
+                "error: --block-size sets the block arms and the ngram row, both off here; drop it or turn "
+                "--block-arms on"
+            )
     datasets = list(BENCH_DATASETS) if "all" in args.dataset else list(dict.fromkeys(args.dataset))
     try:
         if args.prompts_file:

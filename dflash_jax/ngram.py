@@ -212,8 +212,9 @@ class HybridStep(OnDrafter):
     takes by default (``None``: the drafter's); any up to the drafter's may still be passed.
     ``drafter_block``: the block the drafter drafts at when the round's is larger (``None``: the round's):
     its rows then hold ``drafter_block - 1`` real tokens (confidence 0 past them), while prompt-lookup rows
-    copy up to the round's block. On a CPU a long copy then verifies up to 16 positions without the drafter's
-    forward growing with it (its cost, and the width its rows choose, stay those of block 8).
+    copy up to the round's block: a long copy may then verify the whole round's block while the drafter's forward,
+    and the widths its rows choose, stay those of its own smaller block (measured on a CPU at 16 and 8:
+    docs/BENCHMARKS.md, "Prompt lookup at 16, the drafter at 8").
 
     Raises:
       ValueError: ``min_match`` outside ``[1, ngram.ngram_max]``, or ``default_block`` or ``drafter_block``

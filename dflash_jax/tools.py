@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_jax import bench
-from dflash_jax.drafter_io import export_released, load_drafter, write_draft_vocab
+from dflash_jax.drafter_io import export_released, load_drafter, stored_draft_vocab, write_draft_vocab
 from dflash_jax.errors import BenchError, CheckpointError, ConfigError, DataError
 from dflash_jax.prompts import DATASETS
 from dflash_jax.utils import atomic_folder, log, read_jsonl
@@ -350,18 +350,19 @@ def ship_drafter(
     the runs it continued through ``init_from``, oldest first, and before them the shipped folder ``continues``,
     with total steps and hours), ``loss.png`` (``plot_run``), optionally ``draft_vocab.json`` (``count_draft_vocab``
     on the ``prepare-data`` folder ``draft_vocab``; without one, the ``continues`` folder's own ``draft_vocab.json``
-    is carried over, as its vocabulary is the one the run trained toward) and ``README.md`` (how it was made:
-    ``data_command``, ``command``, and the shipped folder's own commands before them). ``average_with``: a drafter
-    folder of the same configuration (e.g. the shipped one the run continued); the weights written are then
-    ``average_weight`` times the run's plus ``1 - average_weight`` times that drafter's, tensor by tensor in float32
-    (checkpoint averaging, as model soups and LAWA: two points of one training path, whose mean is often better than
-    either), recorded in the summary (``averaged_with``) and the README. Atomic: ``out`` appears (or replaces an
-    earlier shipped folder, with ``overwrite``) only once complete. Returns the summary.
+    is carried over: the most frequent answer tokens of the data before, which the run does not change) and
+    ``README.md`` (how it was made: ``data_command``, ``command``, and the shipped folder's own commands before
+    them). ``average_with``: a drafter folder of the same configuration (e.g. the shipped one the run continued);
+    the weights written are then ``average_weight`` times the run's plus ``1 - average_weight`` times that
+    drafter's, tensor by tensor in float32 (checkpoint averaging, as model soups and LAWA: two points of one
+    training path, whose mean is often better than either), recorded in the summary (``averaged_with``) and the
+    README. Atomic: ``out`` appears (or replaces an earlier shipped folder, with ``overwrite``) only once complete.
+    Returns the summary.
 
     Raises:
       CheckpointError: ``run`` has no such drafter or no metrics, an earlier stage is not a run folder,
-        ``continues`` is not a shipped folder, ``average_with`` is not a drafter of the same configuration,
-        or ``out`` may not be written.
+        ``continues`` is not a shipped folder or its ``draft_vocab.json`` is malformed, ``average_with`` is not a
+        drafter of the same configuration, or ``out`` may not be written.
       ConfigError: ``average_weight`` is outside (0, 1].
       DataError: ``draft_vocab`` holds no shards.
     """
@@ -393,11 +394,9 @@ def ship_drafter(
     default_name = Path(str(run_config.get("target", "its target"))).name  # a known name, or a checkpoint folder's
     target_name = target_name or default_name
     vocab_size = min(draft_vocab_size, cfg.vocab_size)
-    carried = Path(continues) / "draft_vocab.json" if continues and not draft_vocab else None
-    if carried is not None and not carried.is_file():
-        carried = None
+    carried = stored_draft_vocab(continues, cfg.vocab_size) if continues and not draft_vocab else None  # checked
     if carried is not None:
-        vocab_size = len(json.loads(carried.read_text())["ids"])
+        vocab_size = len(carried["ids"])
     with atomic_folder(out, overwrite=overwrite, kind="released-drafter") as tmp:
         export_released(params, cfg, tmp / "drafter", dtype="bfloat16", target_identity=identity)
         for f in (tmp / "drafter").iterdir():
@@ -415,7 +414,7 @@ def ship_drafter(
                 command=f"dflash-jax draft-vocab {draft_vocab} --write {out} --size {vocab_size}",
             )
         elif carried is not None:
-            shutil.copy(carried, tmp / "draft_vocab.json")
+            shutil.copy(Path(continues) / "draft_vocab.json", tmp / "draft_vocab.json")
         kind, ref_class = ("DFlash 2", "DFlash2DraftModel") if cfg.dflash2 else ("DFlash", "DFlashDraftModel")
         extras = ""
         if cfg.dflash2:

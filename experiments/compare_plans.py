@@ -52,6 +52,8 @@ def make(kind: str, n: str, rest: list[str], ck, tok, dr):
     if kind == "hybrid":
         import dataclasses
 
+        if len(rest) != 1:
+            raise SystemExit(f"error: hybrid:{n}: give the drafter's block too, hybrid:B:D (no costs)")
         plan = speculation.plan_for(ck, dr, tok, tree="off", block_size=w)
         return dataclasses.replace(plan, step=dataclasses.replace(plan.step, drafter_block=int(rest[0])))
     raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block, hybrid)")

@@ -313,6 +313,8 @@ def test_bench_default_arm_is_what_generate_does_with_the_same_drafter_flag(benc
     assert rep["records"][0]["default"]["identical"]
     with pytest.raises(SystemExit, match="^error: no arm to measure against plain decoding"):
         cli.main([*argv, "--block-arms", "off", "--ngram-arm", "off", "--default-arm", "off"])
+    with pytest.raises(SystemExit, match="^error: --block-size sets the block arms and the ngram row, both off"):
+        cli.main([*argv, "--block-arms", "off", "--ngram-arm", "off", "--block-size", "4"])
     monkeypatch.setattr(speculation, "CPU_TREE_BUDGET", 7)  # a tree measured faster (stage 6's): the 'chains' row
     for spec, block in (("auto", CPU_BLOCK_SIZE), (str(root / "drafter"), None)):
         made.clear()

@@ -431,6 +431,13 @@ def test_ship_drafter_writes_a_released_folder_with_every_stage(trained, tmp_pat
     assert read_draft_vocab(tmp_path / "c2").tolist() == ids.tolist()
     assert "`draft_vocab.json`: the draft vocabulary, the 40 tokens" in (tmp_path / "c2" / "README.md").read_text()
     assert f"(carried over from {c})" in (tmp_path / "c2" / "README.md").read_text()
+    import shutil
+
+    shutil.copytree(c, tmp_path / "c_bad")  # a malformed one is refused, naming the file and the fix
+    (tmp_path / "c_bad" / "draft_vocab.json").write_text(json.dumps({"ids": [10**9]}))
+    with pytest.raises(SystemExit, match="^error: .*draft_vocab.json: .*dflash-jax draft-vocab"):
+        main(ship[:3] + [str(tmp_path / "c3"), "--continues", str(tmp_path / "c_bad")])
+    assert not (tmp_path / "c3").exists()
     # checkpoint averaging: the run's weights times W plus another drafter's of the same configuration
     from dflash_jax.drafter_io import export_released
 
