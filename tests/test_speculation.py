@@ -95,13 +95,15 @@ def _dflash(ck, bs=8, **dflash2):
     return init_drafter_params(dcfg, seed=0), dcfg
 
 
-@pytest.mark.parametrize("which", ["ngram", "dflash", "hybrid", "hybrid_dflash2", "hybrid_drafter_block"])
+@pytest.mark.parametrize(
+    "which", ["ngram", "dflash", "hybrid", "hybrid_dflash2", "hybrid_drafter_block", "hybrid_dflash2_drafter_block"]
+)
 def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa: F811
     ck, plain = target
     prompts = _prompts(8)
     want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
-    params, dcfg = _dflash(ck, **(DFLASH2 if which == "hybrid_dflash2" else {}))
-    drafter_block = 4 if which == "hybrid_drafter_block" else None  # the drafter at 4 in rounds of 8
+    params, dcfg = _dflash(ck, **(DFLASH2 if which.startswith("hybrid_dflash2") else {}))
+    drafter_block = 4 if which.endswith("drafter_block") else None  # the drafter at 4 in rounds of 8
     hybrid = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7), drafter_block=drafter_block)
     step, params = {
         "ngram": (NgramStep(block_size=8, confidence=0.7), None),
