@@ -267,12 +267,11 @@ class HybridStep(OnDrafter):
         d = self._drafter(idle, partial(self.dflash.propose, *args, tokens=tokens, key=key, sampling=sampling))
         if kd < block_len:  # its rows hold kd - 1 real tokens: pad to the round's k (never accepted, confidence 0)
             pad = ((0, 0), (0, block_len - kd))
+            padded = jnp.pad(d.tokens, pad)  # under sampling each padded token's q is its point mass
             d = d._replace(
-                tokens=jnp.pad(d.tokens, pad),
+                tokens=padded,
                 confidence=jnp.pad(d.confidence, pad),
-                q=None
-                if d.q is None
-                else jnp.concatenate([d.q, point_mass(jnp.zeros_like(ng[:, kd - 1 :]), d.q.shape[-1])], 1),
+                q=None if d.q is None else jnp.concatenate([d.q, point_mass(padded[:, kd - 1 :], d.q.shape[-1])], 1),
             )
             num = jnp.where(use, num, kd - 1)
         q = None
