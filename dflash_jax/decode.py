@@ -79,7 +79,6 @@ class LoopShape:
     verify_lengths: tuple[int, ...] = ()  # compiled verify lengths to choose from per round (() = block_size)
     calibrate: bool = True  # with verify_lengths: correct the step's confidence per row online (``calibrate``)
     draft_gate: bool = False  # a row drafts only while its drafted rounds pay for their cost (``gate_drafts``)
-    rate_choice: bool = False  # with verify_lengths: weigh a round's tokens against its cost at the row's rate
 
 
 class LoopState(NamedTuple):
@@ -116,11 +115,8 @@ def _row_keys(key: Array, salt: Array) -> tuple[Array, Array]:
     return k[:, 0], k[:, 1]
 
 
-def choose_verify_length(
-    conf: Array, num_valid: Array, active: Array, lengths, costs, rate: Array | None = None
-) -> tuple[Array, Array]:
-    """Per row, the verify length that commits most tokens per unit of cost (or, given the row's
-    ``rate``, most tokens beyond what that cost would buy at it: ``choose_tree_width``); and the batch's.
+def choose_verify_length(conf: Array, num_valid: Array, active: Array, lengths, costs) -> tuple[Array, Array]:
+    """Per row, the verify length that commits most tokens per unit of cost; and the batch's.
 
     With ``conf [B, K]`` read as per-offset acceptance probabilities (offset ``k``'s given the
     earlier ones), verifying ``L`` tokens (the anchor and ``L - 1`` draft tokens) commits
@@ -140,10 +136,10 @@ def choose_verify_length(
     """
     k = conf.shape[1]
     survive = jnp.cumprod(conf, axis=1) * (jnp.arange(1, k + 1) <= num_valid[:, None])
-    return choose_tree_width(survive, active, lengths, costs, rate)  # a chain is a tree of one branch
+    return choose_tree_width(survive, active, lengths, costs)  # a chain is a tree of one branch
 
 
-def choose_tree_width(path_p: Array, active: Array, widths, costs, rate: Array | None = None) -> tuple[Array, Array]:
+def choose_tree_width(path_p: Array, active: Array, widths, costs) -> tuple[Array, Array]:
     """Per row, the verify width (the anchor and the first ``width - 1`` nodes of its best-first tree,
     ``tree.sort_tree``) that commits most tokens per unit of cost; and the batch's.
 
@@ -154,21 +150,12 @@ def choose_tree_width(path_p: Array, active: Array, widths, costs, rate: Array |
     ``choose_verify_length``: each row picks from its own tree alone, the batch verifies the widest
     pick of its active rows, and a row's tree is cut to its own pick (lossless whatever it picks).
 
-    ``rate``: optional float32 ``[B]``, each row's tokens per unit of cost so far (``LoopShape.rate_choice``,
-    in the unit of ``costs``, the draft's cost included). Given it, a row picks the width with the most
-    expected tokens less ``rate`` times its cost instead of the best ratio: what maximises tokens per unit
-    of time over many rounds (a renewal-reward argument: a round is worth taking wider only while its extra
-    tokens beat what the extra cost buys on average, whatever this round's own ratio), with the draft's
-    cost, equal at every width, out of the choice.
-
     Returns:
       ``(index, row_widths)``: int32 scalar index into ``widths``, int32 ``[B]`` each row's pick.
     """
     cum = jnp.concatenate([jnp.zeros_like(path_p[:, :1]), jnp.cumsum(path_p, axis=1)], axis=1)  # [B, N + 1]
     expected = jnp.stack([1.0 + cum[:, w - 1] for w in widths], axis=1)  # [B, len(widths)]
-    costs = costs.astype(jnp.float32)
-    score = expected / costs if rate is None else expected - rate[:, None] * costs
-    row = jnp.argmax(score, axis=1)
+    row = jnp.argmax(expected / costs.astype(jnp.float32), axis=1)
     index = jnp.max(jnp.where(active, row, 0)).astype(jnp.int32)
     return index, jnp.asarray(widths, jnp.int32)[row]
 
@@ -460,9 +447,7 @@ def decode_loop(
     gated = shape.draft_gate and drafter is not None
     if gated and (len(lengths) < 2 or lengths[0] != 1):
         raise ValueError(f"a draft gate needs verify lengths starting at 1 (a plain step); got {lengths}")
-    # the row's rate: its record (``state.gate``) of tokens and cost, kept by the gate or for the choice alone
-    priced = drafter is not None and (gated or (shape.rate_choice and len(lengths) > 1))
-    draft_cost = verify_costs[-1] if priced else None
+    draft_cost = verify_costs[-1] if gated else None
     verify_costs = verify_costs[: len(lengths)]
 
     verify_kw = dict(cfg=cfg, taps=taps, sampling=sampling)
@@ -496,7 +481,7 @@ def decode_loop(
         accepted = jnp.where(this_round, produced[:, None], s.accepted)
         verified = jnp.where(this_round, width, s.verified)
         rounds = s.rounds + active
-        if priced:
+        if gated:
             drafted, cost = gate
             gate = update_gate(s.gate, drafted, active, produced, cost)
         else:
@@ -560,16 +545,12 @@ def decode_loop(
             tree = draft.tree
         calibration = s.calibration
         row_index = jnp.zeros_like(s.start)  # each row's own verify length or width, as an index into lengths
-        # tokens per plain step so far (the decayed record ``update_gate`` keeps), in the unit of verify_costs
-        rate = s.gate[:, 0] / s.gate[:, 1] / verify_costs[0] if priced and shape.rate_choice else None
         if tree is not None:  # verify the tree (or its best part), walk it, move the accepted path into place
             tree = tree._replace(valid=tree.valid & drafts[:, None])  # a row that does not draft: its anchor only
             if len(lengths) > 1:  # verify as many of the best nodes as pay for themselves (choose_tree_width)
                 node_p = node_probability(tree)
                 trusted = calibrate(node_p, calibration) if shape.calibrate else node_p
-                choice, row_widths = choose_tree_width(
-                    path_probability(tree, trusted), active, lengths, verify_costs, rate
-                )
+                choice, row_widths = choose_tree_width(path_probability(tree, trusted), active, lengths, verify_costs)
                 row_index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), row_widths)
                 tree = tree._replace(valid=tree.valid & (jnp.arange(tree.tokens.shape[1]) < row_widths[:, None] - 1))
                 args = (target_params, block[:, 0], tree, s.start, s.target_cache, k_accept)
@@ -595,7 +576,7 @@ def decode_loop(
                 feats = jnp.take_along_axis(feats, walk.path[:, :, None], axis=1)
         elif len(lengths) > 1:  # verify only as many tokens as pay for themselves (choose_verify_length)
             trusted = calibrate(conf, calibration) if shape.calibrate else conf
-            choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs, rate)
+            choice, row_lengths = choose_verify_length(trusted, num_valid, active, lengths, verify_costs)
             row_index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), row_lengths)
             num_valid = jnp.minimum(num_valid, row_lengths - 1)
             branches = [partial(verify, length) for length in lengths]
@@ -620,7 +601,7 @@ def decode_loop(
             checked = jnp.where(active, num_valid, 0)
             calibration = update_calibration(calibration, conf, a, jnp.maximum(checked, 0))
         # each row's own round in plain steps (a verify of one token, lengths[0])
-        cost = (draft_cost + verify_costs[row_index]) / verify_costs[0] if priced else None
+        cost = (draft_cost + verify_costs[row_index]) / verify_costs[0] if gated else None
         return commit(s, block, a, bonus, feats, tcache, calibration, width, (drafts, cost))
 
     def round_(s: LoopState) -> LoopState:
@@ -785,7 +766,6 @@ class Decoder:
         self.verify_lengths = plan.verify_lengths if plan is not None else ()
         self.calibrate = plan.calibrate if plan is not None else True
         self.draft_gate = plan.draft_gate if plan is not None else False
-        self.rate_choice = plan.rate_choice if plan is not None else False
         self._measure = bool(self.verify_lengths) and plan.verify_costs is None
         self.verify_costs = (plan.verify_costs or ()) if plan is not None else ()
         self.draft_cost = plan.draft_cost if plan is not None else None
@@ -811,7 +791,6 @@ class Decoder:
             self.verify_lengths,
             self.calibrate,
             self.draft_gate,
-            self.rate_choice,
         )
 
     def costs_for(self, shape: LoopShape) -> np.ndarray:
@@ -821,16 +800,10 @@ class Decoder:
         if not self.verify_lengths:
             return np.ones((1,), np.float32)
         costs = self.measure_verify_costs(shape.batch, shape.cache_len) if self._measure else self.verify_costs
-        if self._priced:  # measured in length-1 verifies, the unit of measured costs (lengths start at 1)
+        if self.draft_gate:  # measured in length-1 verifies, the unit of measured costs (lengths start at 1)
             draft = self.draft_cost or self.measure_draft_cost(shape.batch, shape.cache_len) * costs[0]
             costs = (*costs, draft)
         return np.asarray(costs, np.float32)
-
-    @property
-    def _priced(self) -> bool:
-        """Whether the loop keeps each row's record of tokens and cost (``decode_loop``'s ``priced``): a draft
-        gate, or the choice by the row's rate; ``costs_for`` then gives the draft's cost too."""
-        return self.drafter is not None and (self.draft_gate or (self.rate_choice and len(self.verify_lengths) > 1))
 
     def measure_verify_costs(self, batch: int, cache_len: int, repeats: int = 5) -> tuple[float, ...]:
         """The target's verify (forward and LM head, ``batch`` rows on a ``cache_len`` cache) timed at
@@ -1024,7 +997,7 @@ class Decoder:
             donate_argnums=(2,),
             out_shardings=pre_c.output_shardings,  # the state as it came in: the loop can be called on it again
         )  # its arguments: params, drafter params, state, stop ids, verify costs, exit_at
-        costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1) + self._priced,), jnp.float32)
+        costs = jax.ShapeDtypeStruct((max(len(shape.verify_lengths), 1) + shape.draft_gate,), jnp.float32)
         loop_c = loop.lower(self.params, self.drafter_params, state_abstract, i32(num_stop), costs, i32()).compile()
         self._compiled[key] = (pre_c, loop_c)
         return pre_c, loop_c, time.perf_counter() - t0

@@ -92,11 +92,8 @@ class Plan:
       draft_gate: a row drafts only while its drafted rounds commit at least as many tokens per unit of
         cost as plain steps would, and takes plain steps otherwise, drafting now and then to look again
         (``decode.gate_drafts``; needs verify lengths starting at 1).
-      draft_cost: with ``draft_gate`` or ``rate_choice``, a draft's cost in the unit of ``verify_costs``
-        (given with them); ``None``: measured (``Decoder.measure_draft_cost``).
-      rate_choice: with verify lengths, a row picks the length whose expected tokens most exceed what its
-        cost buys at the row's own rate so far (tokens per unit of cost, the draft's included), instead of
-        the best tokens per cost of the round alone (``decode.choose_tree_width``).
+      draft_cost: with ``draft_gate``, a draft's cost in the unit of ``verify_costs`` (given with them);
+        ``None``: measured (``Decoder.measure_draft_cost``).
     """
 
     step: Any
@@ -108,7 +105,6 @@ class Plan:
     label: str = ""
     draft_gate: bool = False
     draft_cost: float | None = None
-    rate_choice: bool = False
 
     def describe(self) -> str:
         """One line for logs: the label, the block size, the verify lengths and the draft gate."""
@@ -183,7 +179,6 @@ def make_plan(
     label: str | None = None,
     draft_gate: bool = False,
     draft_cost: float | None = None,
-    rate_choice: bool = False,
 ) -> Plan:
     """The plan that drafts with ``step`` (``steps``; ``params`` its parameters).
 
@@ -201,9 +196,8 @@ def make_plan(
       calibrate: see ``Plan``.
       backend: ``jax.default_backend()`` unless given (``"cpu"``, ``"gpu"``, ``"tpu"``).
       label: see ``Plan``; default the step's class name.
-      draft_gate, draft_cost, rate_choice: see ``Plan``; ``draft_cost`` goes with ``verify_costs`` (both
-        given, or both measured) where a gate or the rate's choice reads it; ``rate_choice`` needs several
-        verify lengths (with one it changes nothing and is dropped).
+      draft_gate, draft_cost: see ``Plan``; ``draft_cost`` goes with ``verify_costs`` (both given, or
+        both measured).
 
     Raises:
       ValueError: a block size outside ``[2, step.max_block_size]``, verify lengths outside
@@ -242,14 +236,12 @@ def make_plan(
         if len(costs) != len(lengths) or not all(0 < c < float("inf") for c in costs):
             raise ValueError(f"verify costs {list(costs)} must give one positive cost per verify length {lengths}")
     several = len(lengths) > 1
-    rate_choice = bool(rate_choice) and several
-    if draft_gate and (not several or lengths[0] != 1):
-        raise ValueError(
-            f"a draft gate takes plain steps, a verify of length 1: pass verify lengths that start at 1 (such as "
-            f"auto on a CPU, or 1,4,{full}); got {lengths}"
-        )
-    priced = draft_gate or rate_choice  # the loop reads the draft's cost
-    if priced:
+    if draft_gate:
+        if not several or lengths[0] != 1:
+            raise ValueError(
+                f"a draft gate takes plain steps, a verify of length 1: pass verify lengths that start at 1 (such as "
+                f"auto on a CPU, or 1,4,{full}); got {lengths}"
+            )
         if (costs is None) != (draft_cost is None) or draft_cost is not None and not 0 < draft_cost < float("inf"):
             raise ValueError(
                 f"draft cost {draft_cost} with verify costs {costs}: give a positive draft cost with the verify costs, "
@@ -264,8 +256,7 @@ def make_plan(
         bool(calibrate),
         label or type(step).__name__,
         bool(draft_gate),
-        float(draft_cost) if priced and draft_cost is not None else None,
-        rate_choice,
+        float(draft_cost) if draft_gate and draft_cost is not None else None,
     )
 
 

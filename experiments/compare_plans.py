@@ -15,8 +15,6 @@ must equal plain decoding's (the script stops at the first that does not). A pla
   at block ``B`` instead of ``speculation.CPU_BLOCK_SIZE``;
 - ``lengths:L1,L2,..[:COSTS]``: the defaults' chains verifying one of these lengths a round (the block the
   longest) instead of ``AUTO_VERIFY_LENGTHS`` up to ``speculation.CPU_BLOCK_SIZE``;
-- ``rate:0``: the defaults' chains, each row choosing its verify length by its own running rate
-  (``Plan.rate_choice``) instead of the round's tokens per cost;
 - ``hybrid:B:D``: those chains at block ``B`` with the drafter drafting at block ``D`` (``HybridStep.drafter_block``):
   prompt-lookup rows copy up to ``B - 1`` tokens, the drafter's rows hold ``D - 1``.
 
@@ -39,11 +37,6 @@ def make(kind: str, n: str, rest: list[str], ck, tok, dr):
     if kind == "default":
         tree = "off" if n == "0" else n
         return speculation.plan_for(ck, dr, tok, tree=tree, verify_costs=costs)
-    if kind == "rate":
-        import dataclasses
-
-        plan = speculation.plan_for(ck, dr, tok, tree="off", verify_costs=costs)
-        return dataclasses.replace(plan, rate_choice=True)
     if kind == "lengths":
         lengths = [int(x) for x in n.split(",")]
         return speculation.plan_for(
@@ -70,9 +63,7 @@ def make(kind: str, n: str, rest: list[str], ck, tok, dr):
             raise SystemExit(f"error: hybrid:{n}: give the drafter's block too, hybrid:B:D (no costs)")
         plan = speculation.plan_for(ck, dr, tok, tree="off", block_size=w)
         return dataclasses.replace(plan, step=dataclasses.replace(plan.step, drafter_block=int(rest[0])))
-    raise SystemExit(
-        f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block, lengths, rate, hybrid)"
-    )
+    raise SystemExit(f"error: unknown plan kind {kind!r} (default, chain, tree, treel, treela, block, lengths, hybrid)")
 
 
 def main() -> None:

@@ -48,30 +48,6 @@ def test_choose_verify_length_maximises_expected_tokens_per_cost_row_by_row():
     assert int(index) == 1 and rows.tolist() == [2]
 
 
-def test_choosing_by_the_rows_rate_weighs_extra_tokens_against_what_their_cost_buys():
-    """``rate``: a row takes the length whose expected tokens most exceed its cost times the row's rate, where
-    the ratio rule takes the best tokens per cost of the round alone; the two differ on a middling round."""
-    conf = jnp.asarray([[0.7, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6], [0.9] * 7], jnp.float32)
-    lengths, costs, num = (1, 2, 4, 8), jnp.asarray([1.0, 1.33, 1.78, 2.13]), jnp.asarray([7, 7], jnp.int32)
-    rate = jnp.asarray([1.6, 1.6], jnp.float32)
-
-    def expected(c, length):
-        return 1 + sum(np.prod(c[:k]) for k in range(1, length))
-
-    e = [[expected(np.asarray(conf[b]), n) for n in lengths] for b in range(2)]
-    by_ratio = [int(np.argmax([x / c for x, c in zip(e[b], costs.tolist())])) for b in range(2)]
-    by_rate = [int(np.argmax([x - 1.6 * c for x, c in zip(e[b], costs.tolist())])) for b in range(2)]
-    assert by_ratio == [2, 3] and by_rate == [1, 3]  # the middling row: 4 tokens by ratio, 2 at its rate
-    active = jnp.asarray([True, True])
-    assert choose_verify_length(conf, num, active, lengths, costs)[1].tolist() == [lengths[i] for i in by_ratio]
-    index, rows = choose_verify_length(conf, num, active, lengths, costs, rate)
-    assert rows.tolist() == [lengths[i] for i in by_rate] and int(index) == 3
-    # a row's pick reads its own rate only: a low rate widens the middling row, a high one narrows it to 1
-    low = choose_verify_length(conf[:1], num[:1], active[:1], lengths, costs, jnp.asarray([0.5]))[1]
-    high = choose_verify_length(conf[:1], num[:1], active[:1], lengths, costs, jnp.asarray([3.0]))[1]
-    assert low.tolist() == [8] and high.tolist() == [1]
-
-
 def test_calibration_counts_what_the_target_checked_and_corrects_the_confidence():
     """``update_calibration`` counts a checked offset only when every earlier one was accepted;
     ``calibrate`` starts at the step's confidence and moves to the row's observed acceptance, and
@@ -153,31 +129,6 @@ def test_greedy_is_lossless_whatever_length_is_verified(target, which):  # noqa:
     assert max(a for r in got_short for a in r.acceptance_lengths) <= 2
     if which != "dflash":  # (a random drafter's draft is rejected anyway)
         assert max(a for r in got_full for a in r.acceptance_lengths) > 2
-
-
-def test_greedy_is_lossless_choosing_by_the_rows_rate(target, tmp_path, monkeypatch):  # noqa: F811
-    """``rate_choice``: the same tokens as plain decoding, other verify lengths than the ratio rule's, and the
-    draft's cost given with the verify costs (or both measured), as a draft gate takes them."""
-    monkeypatch.setenv("DFLASH_JAX_VERIFY_COSTS", str(tmp_path / "costs.json"))
-    ck, plain = target
-    prompts = _prompts(8) + _prompts(9)
-    want = [r.token_ids for r in plain.generate(prompts, 40, stop_token_ids=(5,))]
-    params, dcfg = _dflash(ck)
-    step = HybridStep(DraftStep(dcfg, ck.cfg), NgramStep(block_size=8, confidence=0.7))
-    kw = dict(block_size=8, verify_lengths=(1, 2, 4), verify_costs=(1.0, 1.33, 1.78, 2.13))
-    by_ratio = Decoder(ck.params, ck.cfg, make_plan(step, params, **kw)).generate(prompts, 40, (5,))
-    plan = make_plan(step, params, draft_cost=0.3, rate_choice=True, **kw)
-    by_rate = Decoder(ck.params, ck.cfg, plan).generate(prompts, 40, (5,))
-    assert [r.token_ids for r in by_ratio] == want == [r.token_ids for r in by_rate]
-    assert [r.verify_widths for r in by_rate] != [r.verify_widths for r in by_ratio]
-    with pytest.raises(ValueError, match="give a positive draft cost with the verify costs"):
-        make_plan(step, params, rate_choice=True, **kw)
-    measured = Decoder(
-        ck.params, ck.cfg, make_plan(step, params, block_size=8, verify_lengths=(1, 2, 4), rate_choice=True)
-    )
-    costs = measured.costs_for(measured.shape_for([4], 8))
-    assert len(costs) == 5 and costs[0] == 1.0 and costs[-1] >= 0.01  # four verify lengths, then the draft's
-    assert not make_plan(step, params, block_size=8, rate_choice=True).rate_choice  # one length: nothing to choose
 
 
 def test_verify_lengths_are_checked(target, tmp_path, monkeypatch):  # noqa: F811
