@@ -16,7 +16,22 @@ row (7.5-10.1 at offsets 1-8), and learns on its own rate as the others did.
     .venv/bin/dflash-jax train --config experiments/smollm2/smollm2_135m_stage12.py   # resumable
 
 Judged as stage 11 was: tau at block 16 on the held-out prompts 41-60 of each set first, then on the tables' 40
-answers a set; shipped only if above the shipped drafter on every set.
+answers a set; shipped only if above the shipped drafter on every set. Packaged and judged (2026-12-08):
+
+    .venv/bin/dflash-jax ship-drafter runs/long38_s12 --out runs/smollm2-135m-instruct-dflash-stage12 --which drafter \
+        --continues assets/smollm2-135m-instruct-dflash-stage11 --target-name SmolLM2-135M-Instruct \
+        --hardware '2 CPU cores'   # and the same with --average-with runs/s12_init --average-weight 0.5
+    cp dflash_jax/assets/smollm2-135m-instruct-dflash/draft_vocab.json runs/smollm2-135m-instruct-dflash-stage12/
+    .venv/bin/python experiments/longer_reach.py runs/smollm2-135m-instruct-dflash-stage12 /work/tmp/s12_pkg \
+        --ngram-max 16 --periodic --tree-temperature 1.5 --dtype bfloat16 --with-record
+    cp runs/smollm2-135m-instruct-dflash-stage12/draft_vocab.json /work/tmp/s12_pkg/
+    .venv/bin/python experiments/study_tau.py --records docs/bench/issue20/table100.records.jsonl --skip 40 \
+        --per-set 20 --blocks 16 --ngram off --draft-vocab 8192 --drafter s12=/work/tmp/s12_pkg \
+        shipped=dflash_jax/assets/smollm2-135m-instruct-dflash s12avg=/work/tmp/s12avg_pkg \
+        --out docs/bench/issue38/stage12_dev.jsonl
+
+Four sets gained 1-2%, HumanEval lost 1-1.5% (averaged or not), so not shipped (docs/BENCHMARKS.md, "Stage 12:
+one-token matches as block input").
 """
 
 from ml_collections import ConfigDict
